@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set up, then run every check: mypy --strict, the whole pytest suite, CrossHair on the pure core.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+echo "== mypy --strict (src and tests)"
+.venv/bin/mypy --strict src tests
+echo "== CrossHair contracts on the pure core"
+bash scripts/crosshair.sh
+echo "== pytest"
+.venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Check the pre:/post: contracts of the pure modules with CrossHair, time-bounded.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+.venv/bin/crosshair check --analysis_kind=PEP316 --per_condition_timeout=4 --per_path_timeout=2 \
+    src/deferq/_format.py src/deferq/_recovery.py src/deferq/_limits.py
+echo "crosshair: no counterexamples"

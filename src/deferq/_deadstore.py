@@ -1,0 +1,238 @@
+"""The dead-task store: one shared, append-only file for all workers (spec/dead-tasks.md).
+
+Theory of operation (the reference design, ../shared/reference/dead-letter-design.md):
+- Three names: the data file (renamed over by compaction), the lock file
+  (never renamed or unlinked, so every process serializes on one inode, S-2)
+  and the compaction staging file ``.tmp``.
+- Every operation takes the lock file with LOCK_EX | LOCK_NB *and* a
+  process-local mutex in one bounded retry loop (L-1..L-3), then opens the data
+  file by path: no data descriptor outlives an operation (S-3), so nobody
+  writes to an inode a compaction has replaced.
+- add: serialize first, then under the lock cut a torn tail, append one line,
+  fsync (S-4). remove: survivors to ``.tmp``, fsync, rename, fsync the
+  directory; with no match the live file is untouched and nothing is fsynced
+  (S-5). list/find read backwards from the newest end in bounded chunks (S-6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+
+from deferq._env import Env, OpenFlag
+from deferq._errors import DeadTasksLockTimeout, StorageClosedError
+from deferq._format import (
+    BadLine,
+    dead_data_name,
+    dead_lock_name,
+    dead_tmp_name,
+    decode_dead_line,
+    decode_dead_payload,
+    encode_dead,
+)
+from deferq._io import join, lines_backward, lines_forward, repair_tail, write_all
+from deferq._limits import FILE_MODE, LOCK_ATTEMPTS_MAX, WRITE_BATCH_BYTES, lock_sleep_s
+from deferq._types import DeadTask
+
+log = logging.getLogger("deferq")
+
+
+def parent_dir(path: str) -> str:
+    """The directory holding ``path`` (``.`` for a bare name)."""
+    head, sep, _ = path.rstrip("/").rpartition("/")
+    return head if head else ("/" if sep else ".")
+
+
+class DeadTaskStore:
+    """The shared dead-task store of one storage directory and prefix. Thread-safe."""
+
+    def __init__(self, env: Env, path: str, prefix: str) -> None:
+        self._env = env
+        self._path = path
+        self._data = join(path, dead_data_name(prefix))
+        self._tmp = join(path, dead_tmp_name(prefix))
+        self._local = threading.Lock()
+        self._closed = False
+        # Implements S-1: the lock file is opened once and kept; it is never renamed.
+        self._lock_fd = env.open(join(path, dead_lock_name(prefix)),
+                                 OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE, FILE_MODE)
+        try:
+            # Implements S-1 / D-6: create the data file without truncating it and make
+            # its name durable before any dead task can leave a WAL.
+            env.close(env.open(self._data, OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE,
+                               FILE_MODE))
+            env.fsync_dir(path)
+        except BaseException:
+            env.close(self._lock_fd)
+            raise
+
+    # ------------------------------------------------------------------ locking
+
+    @contextlib.contextmanager
+    def _locked(self, operation: str) -> Iterator[None]:
+        """Implements L-1..L-3: both locks, non-blocking, bounded retries."""
+        if self._closed:
+            raise StorageClosedError("the Disk backend is closed")
+        env = self._env
+        for attempt in range(1, LOCK_ATTEMPTS_MAX + 1):
+            if self._local.acquire(blocking=False):
+                try:
+                    taken = env.flock_exclusive_nb(self._lock_fd)
+                except BaseException:
+                    self._local.release()
+                    raise
+                if taken:
+                    break
+                self._local.release()
+            if attempt == LOCK_ATTEMPTS_MAX:
+                raise DeadTasksLockTimeout(f"Could not lock the dead tasks store to {operation} it")
+            env.sleep(lock_sleep_s(attempt))
+        try:
+            yield
+        finally:
+            try:
+                env.flock_unlock(self._lock_fd)
+            finally:
+                self._local.release()
+
+    def _open_data(self, flags: OpenFlag) -> int | None:
+        """Open the data file by path (S-3); None when it does not exist."""
+        try:
+            return self._env.open(self._data, flags)
+        except FileNotFoundError:
+            return None
+
+    # ------------------------------------------------------------------ operations
+
+    def add(self, task: DeadTask) -> str:
+        """Append one dead task durably (S-4). ``task`` was validated by the caller."""
+        line = encode_dead(task)  # Implements S-4: serialize before taking the lock.
+        env = self._env
+        with self._locked("add a task to"):
+            fd = self._open_data(OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND)
+            created = fd is None
+            if fd is None:
+                # S-1: someone removed the data file; recreate it and make its name durable.
+                fd = env.open(self._data, OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND
+                              | OpenFlag.CREATE, FILE_MODE)
+            try:
+                repair_tail(env, fd)
+                write_all(env, fd, line)
+                env.fsync(fd)
+            finally:
+                env.close(fd)
+            if created:
+                env.fsync_dir(self._path)
+        return task.id
+
+    def list_tasks(self, limit: int | None, offset: int) -> list[DeadTask]:
+        """Dead tasks newest first, each id once at its latest record (S-6, R-@H)."""
+        if limit == 0:
+            return []
+        wanted = None if limit is None else offset + limit
+        return self._scan_newest_first(None, wanted)[offset:]
+
+    def find(self, task_id: str) -> DeadTask | None:
+        """The latest record of ``task_id``, or None (S-6, R-@H)."""
+        found = self._scan_newest_first(task_id, 1)
+        return found[0] if found else None
+
+    def _scan_newest_first(self, only_id: str | None, wanted: int | None) -> list[DeadTask]:
+        """Up to ``wanted`` decoded tasks newest first, read backwards in chunks under the lock.
+
+        Stops reading as soon as it has ``wanted`` tasks, or, for ``only_id``, at the
+        latest record of that id (whether or not its payload decodes).
+        """
+        env = self._env
+        out: list[DeadTask] = []
+        with self._locked("read tasks from"):
+            fd = self._open_data(OpenFlag.READ)
+            if fd is None:
+                return out
+            seen: set[str] = set()
+            corrupt = 0
+            try:
+                for raw in lines_backward(env, fd, env.fstat(fd).size):
+                    if raw.data is None or not raw.complete:
+                        corrupt += 1
+                        continue
+                    framed = decode_dead_line(raw.data)
+                    if isinstance(framed, BadLine):
+                        corrupt += 1
+                        continue
+                    if framed.task_id in seen or (only_id is not None and framed.task_id != only_id):
+                        continue
+                    seen.add(framed.task_id)
+                    task = decode_dead_payload(framed)
+                    if isinstance(task, BadLine):
+                        log.error("Can't deserialize the dead-lettered task with id %s",
+                                  framed.task_id)
+                    else:
+                        out.append(task)
+                    if only_id is not None or (wanted is not None and len(out) >= wanted):
+                        break
+            finally:
+                env.close(fd)
+            if corrupt:
+                log.warning("Detected %d corrupted dead-lettered task record(s) in %s",
+                            corrupt, self._data)
+        return out
+
+    def remove(self, task_ids: set[str]) -> int:
+        """Compact away every record of the given ids (S-5); return how many ids were found."""
+        if not task_ids:
+            return 0  # Implements S-5: no lock, no file touched.
+        env = self._env
+        with self._locked("delete tasks from"):
+            tmp_fd = env.open(self._tmp, OpenFlag.WRITE | OpenFlag.CREATE | OpenFlag.TRUNCATE,
+                              FILE_MODE)
+            try:
+                found = self._copy_survivors(tmp_fd, task_ids)
+                if found:
+                    env.fsync(tmp_fd)
+            finally:
+                env.close(tmp_fd)
+            if not found:
+                env.unlink(self._tmp)  # Implements S-5: the live file stays byte-identical.
+                return 0
+            env.rename(self._tmp, self._data)
+            env.fsync_dir(self._path)
+            return len(found)
+
+    def _copy_survivors(self, tmp_fd: int, task_ids: set[str]) -> set[str]:
+        env = self._env
+        fd = self._open_data(OpenFlag.READ)
+        if fd is None:
+            return set()
+        found: set[str] = set()
+        batch: list[bytes] = []
+        batch_bytes = 0
+        try:
+            for raw in lines_forward(env, fd, env.fstat(fd).size):
+                if raw.data is None or not raw.complete:
+                    continue  # Damage is dropped by compaction (R-@B..R-@F).
+                framed = decode_dead_line(raw.data)
+                if isinstance(framed, BadLine):
+                    continue
+                if framed.task_id in task_ids:
+                    found.add(framed.task_id)
+                    continue
+                batch.append(raw.data + b"\n")
+                batch_bytes += len(raw.data) + 1
+                if batch_bytes >= WRITE_BATCH_BYTES:
+                    write_all(env, tmp_fd, b"".join(batch))
+                    batch, batch_bytes = [], 0
+            write_all(env, tmp_fd, b"".join(batch))
+        finally:
+            env.close(fd)
+        return found
+
+    def close(self) -> None:
+        """Release the lock file descriptor. Idempotent."""
+        with self._local:
+            if self._closed:
+                return
+            self._closed = True
+            self._env.close(self._lock_fd)

@@ -1,0 +1,48 @@
+"""The exception hierarchy of deferq.
+
+Rules: expected outcomes (a corrupt line, a missing id) are return values, not
+exceptions. Exceptions are for misuse (``ValueError`` with a message naming the
+bad argument) and for failures of the environment (``OSError`` from the
+filesystem propagates unchanged, except where a class below wraps it).
+"""
+
+from __future__ import annotations
+
+
+class DeferqError(Exception):
+    """Base class of every exception deferq defines. Never raised directly."""
+
+    def __init__(self, *args: object) -> None:
+        if type(self) is DeferqError:
+            raise TypeError("DeferqError is abstract: raise one of its subclasses")
+        super().__init__(*args)
+
+
+class DeadTasksLockTimeout(DeferqError, TimeoutError):
+    """The dead-task store's lock could not be taken within the bounded retries.
+
+    Raised by every dead-task store operation (add, list, find, remove) after
+    ``LOCK_ATTEMPTS_MAX`` failed attempts. Nothing was changed (L-3, D-8): an
+    add that raises this leaves the task in the WAL.
+    """
+
+
+class StorageBrokenError(DeferqError):
+    """The tasks WAL failed to write or fsync and refuses further work (W-12, D-10).
+
+    After a failed fsync the kernel may have dropped the unsynced pages and will
+    report success on a retry, so deferq never retries: the backend fail-stops.
+    Every later WAL call raises this error; restart the worker to recover from
+    what is durable. The original ``OSError`` is the ``__cause__``.
+    """
+
+
+class StorageClosedError(DeferqError):
+    """A method of a closed ``Disk`` backend was called (C-9)."""
+
+
+class LimitExceededError(DeferqError, ValueError):
+    """An argument is larger than a limit of the on-disk format (F-27).
+
+    A ``ValueError``: nothing was written.
+    """

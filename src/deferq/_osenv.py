@@ -1,0 +1,141 @@
+"""The real ``Env``: the operating system, through ``os`` and ``fcntl``.
+
+Rules: a thin adapter with no policy. Every method is one system call (or the
+smallest fixed sequence, as for a directory fsync: open, fsync, close), so the
+simulated Env in ``deferq.testing`` can mirror it call for call and the
+conformance tests can compare the two.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+
+from deferq._env import Cancel, FileStat, OpenFlag
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def os_flags(flags: OpenFlag) -> int:
+    """Map ``OpenFlag`` to ``os.O_*`` bits."""
+    if OpenFlag.WRITE in flags:
+        bits = os.O_RDWR if OpenFlag.READ in flags else os.O_WRONLY
+    else:
+        bits = os.O_RDONLY
+    for flag, bit in (
+        (OpenFlag.APPEND, os.O_APPEND),
+        (OpenFlag.CREATE, os.O_CREAT),
+        (OpenFlag.EXCLUSIVE, os.O_EXCL),
+        (OpenFlag.TRUNCATE, os.O_TRUNC),
+    ):
+        if flag in flags:
+            bits |= bit
+    return bits | _O_CLOEXEC
+
+
+class _Ticker:
+    """A daemon thread that calls a function every interval until cancelled."""
+
+    def __init__(self, interval_s: float, callback: Callable[[], None]) -> None:
+        self._stop = threading.Event()
+        self._interval_s = interval_s
+        self._callback = callback
+        self._thread = threading.Thread(target=self._run, name="deferq-ticker", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._callback()
+            except Exception:  # noqa: BLE001 - the callback records its own failure state.
+                # The callback (Disk.tick) turns failures into the backend's BROKEN state,
+                # which the next foreground call reports; a background thread has no caller.
+                continue
+
+    def cancel(self) -> None:
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+
+class OsEnv:
+    """The operating system as an ``Env``."""
+
+    def open(self, path: str, flags: OpenFlag, mode: int = 0o600) -> int:
+        return os.open(path, os_flags(flags), mode)
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        return os.pread(fd, size, offset)
+
+    def write(self, fd: int, data: bytes) -> int:
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fstat(self, fd: int) -> FileStat:
+        st = os.fstat(fd)
+        return FileStat(st.st_dev, st.st_ino, st.st_size, st.st_nlink, st.st_ctime_ns)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def flock_exclusive_nb(self, fd: int) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise
+        return True
+
+    def flock_unlock(self, fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def makedirs(self, path: str, mode: int = 0o700) -> None:
+        os.makedirs(path, mode=mode, exist_ok=True)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def getpid(self) -> int:
+        return os.getpid()
+
+    def random_u32(self) -> int:
+        return random.SystemRandom().getrandbits(32)
+
+    def local_date(self) -> str:
+        return time.strftime("%Y%m%d", time.localtime())
+
+    def call_every(self, interval_s: float, callback: Callable[[], None]) -> Cancel:
+        return _Ticker(interval_s, callback)

@@ -1,0 +1,234 @@
+"""PURE: how readers split files into lines and what they do with damage.
+
+Theory of operation: the engine reads files in bounded chunks through the
+filesystem seam and feeds them to the splitters here, which hold at most one
+partial line (capped at ``LINE_BYTES_MAX``) and never the whole file (D-14).
+``ForwardLines`` walks a file from its start (replay, compaction, verify);
+``BackwardLines`` walks it from its end (list/find newest first). Each yields
+``RawLine`` values: complete lines, over-long lines (data dropped), and at the
+end the torn tail, if the file does not end with a newline.
+
+``RECOVERY_TABLE`` is spec/recovery.md's decision table as data, with the same
+labels; a test checks the two agree. ``WalReplay`` applies the table to a WAL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Final
+
+from deferq._format import BadLine, LineFault, WalAdd, WalRem, decode_wal_line, id_seed
+from deferq._limits import LINE_BYTES_MAX
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One row of the recovery decision table (spec/recovery.md)."""
+
+    label: str
+    condition: str
+    wal_reader: str
+    dead_reader: str
+    writer: str
+
+
+RECOVERY_TABLE: Final = (
+    Rule("R-@A", "complete line, valid frame and body", "apply", "keep", "keep"),
+    Rule("R-@B", "complete line, header is not 8 lowercase hex digits and ':'",
+         "skip, count", "skip, count", "keep; compaction drops it"),
+    Rule("R-@C", "complete line, CRC does not match the body", "skip, count", "skip, count",
+         "keep; compaction drops it"),
+    Rule("R-@D", "complete line, valid CRC, body does not parse", "skip, count", "skip, count",
+         "keep; compaction drops it"),
+    Rule("R-@E", f"line longer than {LINE_BYTES_MAX} bytes", "skip, count", "skip, count",
+         "keep; compaction drops it"),
+    Rule("R-@F", "bytes after the last newline (torn tail, zero fill)", "skip, count torn",
+         "skip, count torn", "truncate to the last newline before appending"),
+    Rule("R-@G", "dead-task line, valid frame, JSON payload invalid", "n/a", "skip, log error",
+         "keep; compaction keeps it"),
+    Rule("R-@H", "dead-task id written more than once", "n/a", "latest record wins, once",
+         "keep; compaction removes all on remove"),
+    Rule("R-@I", "WAL rem of an id that is not pending", "no-op", "n/a", "keep"),
+    Rule("R-@J", "WAL add of an id already pending", "replace, keep position", "n/a", "keep"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RawLine:
+    """A line of a file: ``data`` is None for an over-long line (R-@E).
+
+    ``offset`` is where the line starts; ``complete`` is False only for the torn
+    tail (R-@F), the bytes after the file's last newline.
+    """
+
+    offset: int
+    data: bytes | None
+    complete: bool = True
+
+
+class ForwardLines:
+    """Split chunks fed in file order into lines, holding one partial line at most."""
+
+    def __init__(self, start_offset: int = 0, line_bytes_max: int = LINE_BYTES_MAX) -> None:
+        self._parts: list[bytes] = []
+        self._held_bytes = 0
+        self._line_start = start_offset
+        self._overlong = False
+        self._line_bytes_max = line_bytes_max
+
+    def feed(self, chunk: bytes) -> list[RawLine]:
+        """Return the lines completed by ``chunk``."""
+        out: list[RawLine] = []
+        pieces = chunk.split(b"\n")
+        for piece in pieces[:-1]:
+            length = self._held_bytes + len(piece)
+            if self._overlong or length > self._line_bytes_max:
+                out.append(RawLine(self._line_start, None))
+            elif self._parts:
+                out.append(RawLine(self._line_start, b"".join(self._parts) + piece))
+            else:
+                out.append(RawLine(self._line_start, piece))
+            self._line_start += length + 1
+            self._parts.clear()
+            self._held_bytes = 0
+            self._overlong = False
+        self._hold(pieces[-1])
+        return out
+
+    def _hold(self, piece: bytes) -> None:
+        if not piece:
+            return
+        self._held_bytes += len(piece)
+        if self._overlong or self._held_bytes > self._line_bytes_max:
+            self._overlong = True
+            self._parts.clear()
+        else:
+            self._parts.append(piece)
+
+    def finish(self) -> RawLine | None:
+        """The torn tail (R-@F), or None when the file ended with a newline."""
+        if self._held_bytes == 0:
+            return None
+        data = None if self._overlong else b"".join(self._parts)
+        return RawLine(self._line_start, data, complete=False)
+
+
+class BackwardLines:
+    """Split chunks fed from the file's end toward its start into lines, newest first."""
+
+    def __init__(self, end_offset: int, line_bytes_max: int = LINE_BYTES_MAX) -> None:
+        self._carry: list[bytes] = []  # pieces of the current partial line, in reverse order
+        self._carry_bytes = 0
+        self._end = end_offset  # offset just past the partial line's last byte (its newline excluded)
+        self._pos = end_offset  # offset of the first byte fed so far
+        self._overlong = False
+        self._at_tail = True
+        self._line_bytes_max = line_bytes_max
+
+    def feed(self, chunk: bytes) -> list[RawLine]:
+        """``chunk`` ends where the previous one began. Return the lines it completes."""
+        out: list[RawLine] = []
+        self._pos -= len(chunk)
+        pieces = chunk.split(b"\n")
+        piece_end = self._pos + len(chunk)
+        for piece in reversed(pieces[1:]):
+            start = piece_end - len(piece)
+            self._add(piece)
+            out.extend(self._emit(start))
+            piece_end = start - 1
+        self._add(pieces[0])
+        return out
+
+    def _add(self, piece: bytes) -> None:
+        if not piece:
+            return
+        self._carry_bytes += len(piece)
+        if self._overlong or self._carry_bytes > self._line_bytes_max:
+            self._overlong = True
+            self._carry.clear()
+        else:
+            self._carry.append(piece)
+
+    def _emit(self, start: int) -> Iterator[RawLine]:
+        complete = not self._at_tail
+        if self._at_tail:
+            self._at_tail = False
+            if self._carry_bytes == 0:
+                self._reset(start - 1)
+                return
+        if self._overlong:
+            yield RawLine(start, None, complete)
+        else:
+            yield RawLine(start, b"".join(reversed(self._carry)), complete)
+        self._reset(start - 1)
+
+    def _reset(self, end: int) -> None:
+        self._carry.clear()
+        self._carry_bytes = 0
+        self._overlong = False
+        self._end = end
+
+    def finish(self) -> list[RawLine]:
+        """The first line of the file (or the torn tail of a file with no newline)."""
+        assert self._pos == 0, "feed the whole file before finish()"
+        return list(self._emit(0)) if (self._carry_bytes or not self._at_tail) else []
+
+
+def tail_cut(chunk: bytes, chunk_offset: int) -> int | None:
+    """Where tail repair truncates, given a chunk that ends at the file's end (R-@F).
+
+    Returns the offset just after the chunk's last newline, or None when the
+    chunk holds no newline (scan further back; at offset 0 the answer is 0).
+
+    post: __return__ is None or chunk_offset < __return__ <= chunk_offset + len(chunk)
+    """
+    index = chunk.rfind(b"\n")
+    return None if index < 0 else chunk_offset + index + 1
+
+
+@dataclass(slots=True)
+class LiveTask:
+    """A pending task during replay: its publish time and its ``add`` line (newline included)."""
+
+    publish_at: int | None
+    line: bytes
+
+
+@dataclass(slots=True)
+class WalReplay:
+    """Applies WAL lines in order to the set of pending tasks (R-@A..R-@F, R-@I, R-@J)."""
+
+    live: dict[str, LiveTask] = field(default_factory=dict)
+    faults: dict[LineFault, int] = field(default_factory=dict)
+    seed_max: int = 0
+    records: int = 0
+
+    def apply(self, raw: RawLine) -> bool:
+        """Apply one line; return True when it was a valid record (and may be copied)."""
+        if raw.data is None:
+            self._fault(LineFault.OVERLONG if raw.complete else LineFault.TORN_TAIL)
+            return False
+        if not raw.complete:
+            self._fault(LineFault.TORN_TAIL)
+            return False
+        record = decode_wal_line(raw.data)
+        if isinstance(record, BadLine):
+            self._fault(record.fault)
+            return False
+        self.records += 1
+        if isinstance(record, WalAdd):
+            self.seed_max = max(self.seed_max, id_seed(record.task_id))
+            self.live[record.task_id] = LiveTask(record.publish_at, raw.data + b"\n")
+        else:
+            assert isinstance(record, WalRem)
+            self.live.pop(record.task_id, None)
+        return True
+
+    def _fault(self, fault: LineFault) -> None:
+        self.faults[fault] = self.faults.get(fault, 0) + 1
+
+    @property
+    def corrupt(self) -> int:
+        """Lines skipped as damage, torn tail included."""
+        return sum(self.faults.values())

@@ -1,0 +1,280 @@
+"""The storage backends: ``Disk`` (tasks WAL + dead-task store) and ``Nil`` (spec/api.md).
+
+Rules: this facade validates every public argument precisely (C-7, C-8) and
+then delegates to the engine (``_wal.TasksWal``, ``_deadstore.DeadTaskStore``),
+which assumes valid input. Storage is opaque bytes: serializing task
+arguments belongs to the queue layer.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Iterable
+from types import TracebackType
+
+from deferq._deadstore import DeadTaskStore, parent_dir
+from deferq._env import Cancel, Env
+from deferq._format import check_task_id, dead_problem, id_seed
+from deferq._limits import (
+    BACKTRACE_FRAME_CHARS_MAX,
+    BACKTRACE_FRAMES_MAX,
+    CONTEXT_BYTES_MAX,
+    DEFAULT_FSYNC_FREQUENCY_S,
+    DEFAULT_PATH,
+    DEFAULT_PREFIX,
+    EXCEPTION_CLASS_CHARS_MAX,
+    EXCEPTION_MESSAGE_CHARS_MAX,
+    TASK_CLASS_BYTES_MAX,
+)
+from deferq._errors import LimitExceededError
+from deferq._options import check_fsync_frequency, check_path, check_prefix
+from deferq._osenv import OsEnv
+from deferq._types import DeadTask, PendingTask
+from deferq._wal import TasksWal
+
+__all__ = ["Disk", "Nil"]
+
+_TRUNCATED = "...[truncated]"
+
+
+def _check_context(context: object) -> bytes:
+    if not isinstance(context, (bytes, bytearray, memoryview)):
+        raise ValueError(f"context must be bytes, not {type(context).__name__}")
+    data = bytes(context)
+    if len(data) > CONTEXT_BYTES_MAX:
+        raise LimitExceededError(
+            f"context is {len(data)} bytes; the most a task can carry is {CONTEXT_BYTES_MAX}")
+    return data
+
+
+def _check_publish_at(publish_at: object) -> int | None:
+    if publish_at is None:
+        return None
+    if isinstance(publish_at, bool) or not isinstance(publish_at, int) or publish_at <= 0:
+        raise ValueError(f"publish_at {publish_at!r} must be None or a positive int (epoch seconds)")
+    if publish_at >= 10**18:
+        raise ValueError(f"publish_at {publish_at!r} is beyond any plausible epoch second")
+    return publish_at
+
+
+def _check_count(name: str, value: object, *, allow_none: bool) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must not be negative, got {value}")
+    return value
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - len(_TRUNCATED)] + _TRUNCATED
+
+
+def exception_class_name(exception: BaseException) -> str:
+    """``module.QualName``, or just the name for builtins (F-21)."""
+    cls = type(exception)
+    module = cls.__module__
+    name = cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+    return _clip(name, EXCEPTION_CLASS_CHARS_MAX)
+
+
+def exception_backtrace(exception: BaseException) -> tuple[str, ...]:
+    """The frames nearest the raise, outermost first, at most BACKTRACE_FRAMES_MAX (F-21)."""
+    frames = traceback.extract_tb(exception.__traceback__)[-BACKTRACE_FRAMES_MAX:]
+    return tuple(_clip(f"{f.filename}:{f.lineno}:in {f.name}", BACKTRACE_FRAME_CHARS_MAX)
+                 for f in frames)
+
+
+class Disk:
+    """Durable storage in a directory: this worker's tasks WAL and the shared dead-task store.
+
+    Args:
+        path: the storage directory, created with its parents (default ``storage``).
+        prefix: the file-name prefix; ``-`` is appended when missing (default ``deferred-``).
+        fsync_frequency: seconds between WAL fsyncs; 0 fsyncs every add and remove.
+        env: the I/O seam; the real operating system by default.
+
+    Guarantees: D-1..D-12 of spec/durability.md.
+    """
+
+    def __init__(
+        self,
+        *,
+        path: str | os.PathLike[str] = DEFAULT_PATH,
+        prefix: str = DEFAULT_PREFIX,
+        fsync_frequency: float = DEFAULT_FSYNC_FREQUENCY_S,
+        env: Env | None = None,
+    ) -> None:
+        self.path = check_path(path)
+        self.prefix = check_prefix(prefix)
+        self.fsync_frequency = check_fsync_frequency(fsync_frequency)
+        self._env: Env = OsEnv() if env is None else env
+        self._env.makedirs(self.path)
+        # Implements D-6: the storage directory's own name is durable before any record is.
+        self._env.fsync_dir(parent_dir(self.path))
+        self._wal = TasksWal(self._env, self.path, self.prefix, self.fsync_frequency)
+        try:
+            self._dead = DeadTaskStore(self._env, self.path, self.prefix)
+        except BaseException:
+            self._wal.close()
+            raise
+        self._ticker: Cancel | None = None
+        if self.fsync_frequency > 0:
+            self._ticker = self._env.call_every(self.fsync_frequency, self._wal.tick)
+
+    # --- tasks WAL
+    def add_task(self, context: bytes, publish_at: int | None = None,
+                 task_id: str | None = None) -> str:
+        """Append a pending task to this worker's WAL and return its id (W-6, D-1, D-2)."""
+        data = _check_context(context)
+        when = _check_publish_at(publish_at)
+        tid = None if task_id is None else check_task_id(task_id)
+        return self._wal.add(data, when, tid)
+
+    def remove_task(self, task_id: str) -> None:
+        """Record that a task is done (W-6)."""
+        self._wal.remove(check_task_id(task_id))
+
+    def pending_tasks(self) -> list[PendingTask]:
+        """Every task pending in this worker's WAL, recovered ones included (W-7)."""
+        return self._wal.pending()
+
+    def sync(self) -> None:
+        """fsync the tasks WAL now if it has unsynced changes (W-8, D-2)."""
+        self._wal.sync()
+
+    def tick(self) -> None:
+        """Run time-driven work that is due (the periodic fsync). Tests call it directly."""
+        self._wal.tick()
+
+    # --- dead-task store
+    def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
+                      task_class: str, attempts: int) -> str:
+        """Durably record a task that gave up; return its id (S-4, D-7)."""
+        tid = check_task_id(task_id)
+        data = _check_context(context)
+        if not isinstance(exception, BaseException):
+            raise ValueError(f"exception must be an exception instance, not "
+                             f"{type(exception).__name__}")
+        if not isinstance(task_class, str) or not task_class:
+            raise ValueError(f"task_class must be a non-empty str, got {task_class!r}")
+        if len(task_class.encode("utf-8", "replace")) > TASK_CLASS_BYTES_MAX:
+            raise LimitExceededError(f"task_class must be at most {TASK_CLASS_BYTES_MAX} bytes")
+        count = _check_count("attempts", attempts, allow_none=False)
+        assert count is not None
+        task = DeadTask(
+            id=tid,
+            task_class=task_class,
+            attempts=count,
+            enqueued_at=id_seed(tid),
+            failed_at=int(self._env.time()),
+            exception_class=exception_class_name(exception),
+            exception_message=_clip(_safe_str(exception), EXCEPTION_MESSAGE_CHARS_MAX),
+            backtrace=exception_backtrace(exception),
+            context=data,
+        )
+        problem = dead_problem(task)
+        if problem is not None:
+            raise ValueError(f"dead task {tid!r} cannot be stored: {problem}")
+        return self._dead.add(task)
+
+    def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
+        """Dead tasks newest first; ``offset`` skips, ``limit`` caps (S-6)."""
+        lim = _check_count("limit", limit, allow_none=True)
+        off = _check_count("offset", offset, allow_none=False)
+        assert off is not None
+        return self._dead.list_tasks(lim, off)
+
+    def find_dead_task(self, task_id: str) -> DeadTask | None:
+        """The dead task with this id, or None (S-6)."""
+        return self._dead.find(check_task_id(task_id))
+
+    def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
+        """Remove dead tasks by id; return how many distinct ids were found (S-5, D-9)."""
+        if ids is None:
+            wanted: set[str] = set()
+        elif isinstance(ids, str):
+            wanted = {check_task_id(ids, argument="id")}
+        else:
+            wanted = {check_task_id(i, argument="id") for i in ids}
+        return self._dead.remove(wanted)
+
+    # --- lifecycle
+    def close(self) -> None:
+        """Stop the fsync timer, fsync the WAL and release every lock and file (C-9)."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+        try:
+            self._wal.close()
+        finally:
+            self._dead.close()
+
+    def __enter__(self) -> Disk:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Disk(path={self.path!r}, prefix={self.prefix!r}, "
+                f"fsync_frequency={self.fsync_frequency!r})")
+
+
+def _safe_str(exception: BaseException) -> str:
+    try:
+        return str(exception)
+    except Exception as exc:  # noqa: BLE001 - a broken __str__ must not stop dead-lettering.
+        return f"<str() of the exception raised {type(exc).__name__}>"
+
+
+class Nil:
+    """A backend that stores nothing: every method is a no-op (C-10)."""
+
+    def __init__(self, **_options: object) -> None:
+        pass
+
+    def add_task(self, context: bytes, publish_at: int | None = None,
+                 task_id: str | None = None) -> None:
+        return None
+
+    def remove_task(self, task_id: str) -> None:
+        return None
+
+    def pending_tasks(self) -> list[PendingTask]:
+        return []
+
+    def sync(self) -> None:
+        return None
+
+    def tick(self) -> None:
+        return None
+
+    def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
+                      task_class: str, attempts: int) -> None:
+        return None
+
+    def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
+        return []
+
+    def find_dead_task(self, task_id: str) -> DeadTask | None:
+        return None
+
+    def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
+        return 0
+
+    def close(self) -> None:
+        return None
+
+    def __enter__(self) -> Nil:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return "Nil()"
