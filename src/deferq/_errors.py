@@ -42,7 +42,7 @@ class StorageClosedError(DeferqError):
 
 
 class LimitExceededError(DeferqError, ValueError):
-    """An argument is larger than a limit of the on-disk format (F-27).
+    """An argument is larger than a limit of the on-disk format (F-12).
 
     A ``ValueError``: nothing was written.
     """

@@ -91,7 +91,7 @@ class WalRem:
 
 @dataclass(frozen=True, slots=True)
 class DeadLine:
-    """A dead-task line whose frame is valid; ``payload`` is the JSON object (F-21)."""
+    """A dead-task line whose frame is valid; ``payload`` is the JSON object (F-10)."""
 
     task_id: str
     payload: bytes
@@ -143,7 +143,7 @@ def check_task_id(task_id: object, *, argument: str = "task_id") -> str:
 
 
 def id_seed(task_id: str) -> int:
-    """The leading integer of a task id, before its first '-', or 0 (W-5, F-21).
+    """The leading integer of a task id, before its first '-', or 0 (W-5, F-10).
 
     Only a run of 1 to SEED_DIGITS_MAX ASCII digits counts, so a caller's id
     like ``99999999999999999999-x`` cannot push generated ids absurdly far.
@@ -273,7 +273,7 @@ def _decode_base64(raw: bytes) -> bytes | None:
 
 
 def dead_problem(task: DeadTask) -> str | None:
-    """Say which field of a dead task is outside the format's limits, or None (F-27)."""
+    """Say which field of a dead task is outside the format's limits, or None (F-12)."""
     problem = task_id_problem(task.id)
     if problem is not None:
         return f"id {problem}"
@@ -300,7 +300,7 @@ def dead_problem(task: DeadTask) -> str | None:
 
 
 def encode_dead(task: DeadTask) -> bytes:
-    """The ``dead_task`` line of a dead task (F-21). The task must be within limits.
+    """The ``dead_task`` line of a dead task (F-10). The task must be within limits.
 
     pre: dead_problem(task) is None
     post: len(__return__) <= LINE_BYTES_MAX
@@ -321,7 +321,7 @@ def encode_dead(task: DeadTask) -> bytes:
 
 
 def decode_dead_line(line: bytes) -> DeadLine | BadLine:
-    """Check a dead-task line's frame and split out its id (F-21, R-@B..R-@D)."""
+    """Check a dead-task line's frame and split out its id (F-10, R-@B..R-@D)."""
     body = unframe(line)
     if isinstance(body, BadLine):
         return body
@@ -335,7 +335,7 @@ def decode_dead_line(line: bytes) -> DeadLine | BadLine:
 
 
 def decode_dead_payload(line: DeadLine) -> DeadTask | BadLine:
-    """Decode the JSON object of a framed dead-task line (F-22, R-@G)."""
+    """Decode the JSON object of a framed dead-task line (F-11, R-@G)."""
     try:
         obj: object = json.loads(line.payload)
     except ValueError:
@@ -419,15 +419,15 @@ def is_wal_file_name(prefix: str, name: str) -> bool:
 
 
 def dead_data_name(prefix: str) -> str:
-    """The dead-task store's data file (F-20)."""
+    """The dead-task store's data file (F-9)."""
     return f"{prefix}dead_tasks-{DEAD_STORAGE_VERSION}"
 
 
 def dead_lock_name(prefix: str) -> str:
-    """The dead-task store's lock file, never renamed or unlinked (F-20)."""
+    """The dead-task store's lock file, never renamed or unlinked (F-9)."""
     return f"{prefix}dead_tasks.lock"
 
 
 def dead_tmp_name(prefix: str) -> str:
-    """The dead-task store's compaction staging file (F-20)."""
+    """The dead-task store's compaction staging file (F-9)."""
     return f"{dead_data_name(prefix)}.tmp"

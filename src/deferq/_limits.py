@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-# --- On-disk format versions (F-1, F-20). Bump when a format changes; old files are left alone.
+# --- On-disk format versions (F-15). Bump when a format changes; old files are left alone.
 WAL_STORAGE_VERSION: Final = "0"
 DEAD_STORAGE_VERSION: Final = "0"
 
@@ -17,7 +17,7 @@ DEAD_STORAGE_VERSION: Final = "0"
 TASK_ID_BYTES_MAX: Final = 256
 TASK_CLASS_BYTES_MAX: Final = 1024
 
-# --- Record sizes (F-8, F-27).
+# --- Record sizes (F-8, F-12).
 CONTEXT_BYTES_MAX: Final = 4 * 1024 * 1024
 EXCEPTION_CLASS_CHARS_MAX: Final = 1024
 EXCEPTION_MESSAGE_CHARS_MAX: Final = 64 * 1024
@@ -38,7 +38,7 @@ WAL_SIZE_INCREASE_RATIO: Final = 1.5
 # --- Task-id seed (W-5): the seed advances by one per elapsed second of the monotonic clock.
 SEED_TICK_S: Final = 1.0
 
-# --- Dead-task store lock (L-3).
+# --- Dead-task store lock (L-2, L-3).
 LOCK_ATTEMPTS_MAX: Final = 20
 LOCK_SLEEP_STEP_S: Final = 0.01
 LOCK_SLEEP_MAX_S: Final = 0.1
@@ -49,7 +49,7 @@ DEFAULT_PREFIX: Final = "deferred-"
 DEFAULT_FSYNC_FREQUENCY_S: Final = 0.5
 FSYNC_FREQUENCY_MAX_S: Final = 3600.0
 
-# --- File modes (F-30).
+# --- File modes (F-13).
 FILE_MODE: Final = 0o600
 DIR_MODE: Final = 0o700
 

@@ -20,7 +20,7 @@ class PendingTask(NamedTuple):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeadTask:
-    """A task that gave up, as stored in the dead-task store (F-21).
+    """A task that gave up, as stored in the dead-task store (F-10).
 
     ``enqueued_at`` is the leading integer of a generated task id (its seed
     second), or 0 when the id does not start with one. ``failed_at`` is the

@@ -150,10 +150,14 @@ class TasksWal:
         raise FileExistsError(f"could not pick an unused WAL file name in {self._path}")
 
     def _repair_main_tail(self) -> None:
-        """Implements W-3: cut a torn tail and make the cut durable before appending."""
-        size = self._env.fstat(self._fd).size
-        if repair_tail(self._env, self._fd) != size:
-            self._env.fsync(self._fd)
+        """Implements W-3: cut a torn tail, then fsync before appending.
+
+        The fsync is unconditional: a killed owner may have left acknowledged but
+        unsynced records in the page cache, and after open every recovered task
+        must be durable (D-3).
+        """
+        repair_tail(self._env, self._fd)
+        self._env.fsync(self._fd)
 
     def _merge(self, orphans: list[tuple[str, int]], replay: WalReplay) -> None:
         """Implements W-4: copy orphans' valid records, fsync, then unlink the orphans."""
@@ -361,8 +365,10 @@ class TasksWal:
             # The old file is unlinked while still locked, so no booting worker can claim it.
             self._unlink_quietly(old_name)
             env.fsync_dir(self._path)
-        except OSError:
-            log.warning("unlinking rotated WAL file %s failed; its tasks may replay twice",
-                        old_name, exc_info=True)
+        except OSError as exc:
+            # If the old file survived, replaying it after the new one could undo removals
+            # recorded from now on (D-3), so stop here: a restart adopts both files safely.
+            self._state = WalState.BROKEN
+            raise StorageBrokenError(f"could not durably unlink rotated WAL file {old_name}") from exc
         finally:
             self._close_fds([old_fd])

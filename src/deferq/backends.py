@@ -73,7 +73,7 @@ def _clip(text: str, limit: int) -> str:
 
 
 def exception_class_name(exception: BaseException) -> str:
-    """``module.QualName``, or just the name for builtins (F-21)."""
+    """``module.QualName``, or just the name for builtins (F-10)."""
     cls = type(exception)
     module = cls.__module__
     name = cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
@@ -81,7 +81,7 @@ def exception_class_name(exception: BaseException) -> str:
 
 
 def exception_backtrace(exception: BaseException) -> tuple[str, ...]:
-    """The frames nearest the raise, outermost first, at most BACKTRACE_FRAMES_MAX (F-21)."""
+    """The frames nearest the raise, outermost first, at most BACKTRACE_FRAMES_MAX (F-10)."""
     frames = traceback.extract_tb(exception.__traceback__)[-BACKTRACE_FRAMES_MAX:]
     return tuple(_clip(f"{f.filename}:{f.lineno}:in {f.name}", BACKTRACE_FRAME_CHARS_MAX)
                  for f in frames)
