@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator
 
 from deferq._env import Env, OpenFlag
-from deferq._errors import DeadTasksLockTimeout, StorageClosedError
+from deferq._errors import DeadTasksLockTimeout, StorageBrokenError, StorageClosedError
 from deferq._format import (
     BadLine,
     dead_data_name,
@@ -55,6 +55,8 @@ class DeadTaskStore:
         self._tmp = join(path, dead_tmp_name(prefix))
         self._local = threading.Lock()
         self._closed = False
+        self._broken = False
+        self._pid = env.getpid()
         # Implements S-1: the lock file is opened once and kept; it is never renamed.
         self._lock_fd = env.open(join(path, dead_lock_name(prefix)),
                                  OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE, FILE_MODE)
@@ -73,8 +75,7 @@ class DeadTaskStore:
     @contextlib.contextmanager
     def _locked(self, operation: str) -> Iterator[None]:
         """Implements L-1..L-3: both locks, non-blocking, bounded retries."""
-        if self._closed:
-            raise StorageClosedError("the Disk backend is closed")
+        self._check_usable()
         env = self._env
         for attempt in range(1, LOCK_ATTEMPTS_MAX + 1):
             if self._local.acquire(blocking=False):
@@ -97,6 +98,23 @@ class DeadTaskStore:
             finally:
                 self._local.release()
 
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise StorageClosedError("the Disk backend is closed")
+        if self._broken:
+            raise StorageBrokenError("the dead-task store failed to write or fsync earlier and"
+                                     " refuses work; restart the worker")
+        if self._env.getpid() != self._pid:
+            # W-14: a forked child shares the lock file's description, so its flock would
+            # succeed while the parent holds it and its unlock would release the parent's.
+            raise RuntimeError(
+                f"this Disk was opened by process {self._pid}; a forked child must open its own")
+
+    def _fail_stop(self, message: str, exc: OSError) -> StorageBrokenError:
+        """Implements D-10: after a failed fsync nothing later may be acknowledged."""
+        self._broken = True
+        return StorageBrokenError(message)
+
     def _open_data(self, flags: OpenFlag) -> int | None:
         """Open the data file by path (S-3); None when it does not exist."""
         try:
@@ -118,18 +136,46 @@ class DeadTaskStore:
                 fd = env.open(self._data, OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND
                               | OpenFlag.CREATE, FILE_MODE)
             try:
-                repair_tail(env, fd)
-                write_all(env, fd, line)
-                env.fsync(fd)
+                self._append_durably(fd, line)
             finally:
                 env.close(fd)
             if created:
-                env.fsync_dir(self._path)
+                try:
+                    env.fsync_dir(self._path)
+                except OSError as exc:
+                    raise self._fail_stop("fsync of the storage directory failed", exc) from exc
         return task.id
+
+    def _append_durably(self, fd: int, line: bytes) -> None:
+        """Implements S-4: cut a torn tail, append, fsync; on failure cut the append back.
+
+        Cutting back leaves no partial or unacknowledged line for the next add to
+        build on. After a failed fsync the kernel may have dropped the pages and
+        would report success next time (A-7), so the store also fail-stops.
+        """
+        env = self._env
+        size = repair_tail(env, fd)
+        try:
+            write_all(env, fd, line)
+        except OSError:
+            self._cut_back(fd, size)
+            raise
+        try:
+            env.fsync(fd)
+        except OSError as exc:
+            self._cut_back(fd, size)
+            raise self._fail_stop("fsync of the dead-task data file failed", exc) from exc
+
+    def _cut_back(self, fd: int, size: int) -> None:
+        try:
+            self._env.ftruncate(fd, size)
+        except OSError as exc:
+            raise self._fail_stop("a failed dead-task write could not be cut back", exc) from exc
 
     def list_tasks(self, limit: int | None, offset: int) -> list[DeadTask]:
         """Dead tasks newest first, each id once at its latest record (S-6, R-@H)."""
         if limit == 0:
+            self._check_usable()
             return []
         wanted = None if limit is None else offset + limit
         return self._scan_newest_first(None, wanted)[offset:]
@@ -183,6 +229,8 @@ class DeadTaskStore:
     def remove(self, task_ids: set[str]) -> int:
         """Compact away every record of the given ids (S-5); return how many ids were found."""
         if not task_ids:
+            if self._closed:  # C-9: a closed backend refuses every call, even a no-op one.
+                raise StorageClosedError("the Disk backend is closed")
             return 0  # Implements S-5: no lock, no file touched.
         env = self._env
         with self._locked("delete tasks from"):
@@ -191,14 +239,20 @@ class DeadTaskStore:
             try:
                 found = self._copy_survivors(tmp_fd, task_ids)
                 if found:
-                    env.fsync(tmp_fd)
+                    env.fsync(tmp_fd)  # A failure leaves the live file untouched: no fail-stop.
             finally:
                 env.close(tmp_fd)
             if not found:
                 env.unlink(self._tmp)  # Implements S-5: the live file stays byte-identical.
                 return 0
             env.rename(self._tmp, self._data)
-            env.fsync_dir(self._path)
+            try:
+                env.fsync_dir(self._path)
+            except OSError as exc:
+                # The rename may be undone by a power loss, and with it any add that a later
+                # operation makes to the new inode: stop (D-10, A-7).
+                raise self._fail_stop("fsync of the storage directory after compaction failed",
+                                      exc) from exc
             return len(found)
 
     def _copy_survivors(self, tmp_fd: int, task_ids: set[str]) -> set[str]:
@@ -209,16 +263,18 @@ class DeadTaskStore:
         found: set[str] = set()
         batch: list[bytes] = []
         batch_bytes = 0
+        dropped = 0
         try:
             for raw in lines_forward(env, fd, env.fstat(fd).size):
-                if raw.data is None or not raw.complete:
-                    continue  # Damage is dropped by compaction (R-@B..R-@F).
-                framed = decode_dead_line(raw.data)
-                if isinstance(framed, BadLine):
+                framed = decode_dead_line(raw.data) if raw.data is not None and raw.complete \
+                    else None
+                if framed is None or isinstance(framed, BadLine):
+                    dropped += 1  # Damage is dropped by compaction (R-@B..R-@F).
                     continue
                 if framed.task_id in task_ids:
                     found.add(framed.task_id)
                     continue
+                assert raw.data is not None
                 batch.append(raw.data + b"\n")
                 batch_bytes += len(raw.data) + 1
                 if batch_bytes >= WRITE_BATCH_BYTES:
@@ -227,6 +283,9 @@ class DeadTaskStore:
             write_all(env, tmp_fd, b"".join(batch))
         finally:
             env.close(fd)
+        if dropped and found:
+            log.warning("Compaction of %s dropped %d corrupted dead-lettered task record(s)",
+                        self._data, dropped)
         return found
 
     def close(self) -> None:

@@ -278,8 +278,11 @@ def dead_problem(task: DeadTask) -> str | None:
     if problem is not None:
         return f"id {problem}"
     checks: tuple[tuple[bool, str], ...] = (
-        (0 < len(task.task_class.encode("utf-8", "replace")) <= TASK_CLASS_BYTES_MAX,
+        (0 < len(task.task_class.encode("utf-8", "surrogatepass")) <= TASK_CLASS_BYTES_MAX,
          f"task_class must be 1 to {TASK_CLASS_BYTES_MAX} bytes"),
+        (all(_utf8_ok(t) for t in (task.task_class, task.exception_class,
+                                   task.exception_message, *task.backtrace)),
+         "text fields must be encodable as UTF-8 (no lone surrogates)"),
         (task.attempts >= 0, "attempts must be >= 0"),
         (task.enqueued_at >= 0 and task.failed_at >= 0, "times must be >= 0"),
         (len(task.exception_class) <= EXCEPTION_CLASS_CHARS_MAX,
@@ -334,11 +337,19 @@ def decode_dead_line(line: bytes) -> DeadLine | BadLine:
     return DeadLine(task_id, fields[2])
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object hook refusing duplicate keys: F-11 wants exactly the F-10 keys."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise ValueError("duplicate key in a JSON object")
+    return obj
+
+
 def decode_dead_payload(line: DeadLine) -> DeadTask | BadLine:
     """Decode the JSON object of a framed dead-task line (F-11, R-@G)."""
     try:
-        obj: object = json.loads(line.payload)
-    except ValueError:
+        obj: object = json.loads(line.payload, object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError):  # deeply nested JSON raises RecursionError
         return BadLine(LineFault.BAD_DEAD_PAYLOAD)
     if not isinstance(obj, dict) or tuple(obj) != DEAD_FIELDS:
         return BadLine(LineFault.BAD_DEAD_PAYLOAD)

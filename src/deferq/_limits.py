@@ -65,12 +65,13 @@ def lock_sleep_s(attempt: int) -> float:
 
 assert TASK_ID_BYTES_MAX < TAIL_SCAN_CHUNK_BYTES
 assert READ_CHUNK_BYTES <= LINE_BYTES_MAX
-# The largest dead-task record (context in base64 plus escaped text fields, at most six
-# output bytes per input character in JSON) must fit in a line.
+# The largest dead-task record (context in base64 plus escaped text fields, at most twelve
+# output bytes per input character in ASCII-only JSON: a surrogate pair per astral
+# character) must fit in a line.
 assert (
     CONTEXT_BYTES_MAX * 4 // 3 + 4
-    + 6 * (EXCEPTION_MESSAGE_CHARS_MAX + EXCEPTION_CLASS_CHARS_MAX + TASK_CLASS_BYTES_MAX)
-    + 6 * BACKTRACE_FRAMES_MAX * BACKTRACE_FRAME_CHARS_MAX
+    + 12 * (EXCEPTION_MESSAGE_CHARS_MAX + EXCEPTION_CLASS_CHARS_MAX + TASK_CLASS_BYTES_MAX)
+    + 12 * BACKTRACE_FRAMES_MAX * BACKTRACE_FRAME_CHARS_MAX
     + 2 * TASK_ID_BYTES_MAX + 1024
     < LINE_BYTES_MAX
 )

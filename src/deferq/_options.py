@@ -41,7 +41,7 @@ def check_fsync_frequency(value: object) -> float:
     """Seconds between WAL fsyncs: finite, >= 0, at most FSYNC_FREQUENCY_MAX_S (C-5)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"fsync_frequency must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)
+    seconds = float(value) if isinstance(value, float) or abs(value) <= 2**53 else math.inf
     if not math.isfinite(seconds) or seconds < 0 or seconds > FSYNC_FREQUENCY_MAX_S:
         raise ValueError(f"fsync_frequency {value!r} must be a finite number of seconds from 0"
                          f" (fsync every write) to {FSYNC_FREQUENCY_MAX_S:g}")

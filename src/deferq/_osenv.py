@@ -139,3 +139,7 @@ class OsEnv:
 
     def call_every(self, interval_s: float, callback: Callable[[], None]) -> Cancel:
         return _Ticker(interval_s, callback)
+
+
+OS_ENV = OsEnv()
+"""The one real Env of this process: every Disk opened without ``env=`` shares it (and its id source)."""

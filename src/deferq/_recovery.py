@@ -217,8 +217,8 @@ class WalReplay:
             self._fault(record.fault)
             return False
         self.records += 1
+        self.seed_max = max(self.seed_max, id_seed(record.task_id))
         if isinstance(record, WalAdd):
-            self.seed_max = max(self.seed_max, id_seed(record.task_id))
             self.live[record.task_id] = LiveTask(record.publish_at, raw.data + b"\n")
         else:
             assert isinstance(record, WalRem)

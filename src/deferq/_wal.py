@@ -39,10 +39,10 @@ from deferq._format import (
     is_wal_file_name,
     wal_file_name,
 )
+from deferq._ids import id_source
 from deferq._io import join, lines_forward, repair_tail, write_all
 from deferq._limits import (
     FILE_MODE,
-    SEED_TICK_S,
     WAL_SIZE_INCREASE_RATIO,
     WAL_SIZE_LIMIT_BYTES,
     WRITE_BATCH_BYTES,
@@ -81,13 +81,14 @@ class TasksWal:
         try:
             if claimed:
                 self._name, self._fd = claimed[0]
-                self._repair_main_tail()
             else:
                 self._name, self._fd = self._create_file()
                 owned = [self._fd]
             replay = WalReplay()
             for raw in lines_forward(env, self._fd, env.fstat(self._fd).size):
-                replay.apply(raw)
+                replay.apply(raw)  # R-@F: the main file's torn tail is counted here, cut below.
+            if claimed:
+                self._repair_main_tail()
             self._merge(claimed[1:], replay)
         except BaseException:
             self._close_fds(owned)
@@ -100,10 +101,8 @@ class TasksWal:
             log.warning("Detected %d corrupted deferred task record(s) in %s",
                         replay.corrupt, join(path, self._name))
         # Implements W-5: ids start above every id seen and above the clock.
-        self._seed_base = max(int(env.time()), replay.seed_max) + 1
-        self._seed_start_s = env.monotonic()
-        self._seed_ticks = 0
-        self._counter = 0
+        self._ids = id_source(env)
+        self._ids.raise_floor(replay.seed_max + 1)
 
     # ------------------------------------------------------------------ opening
 
@@ -139,25 +138,37 @@ class TasksWal:
             except FileExistsError:
                 continue
             try:
-                if not env.flock_exclusive_nb(fd):
-                    raise OSError(f"new WAL file {name} is locked by another process")
-                env.fsync_dir(self._path)
-            except BaseException:
+                taken = env.flock_exclusive_nb(fd) and env.fstat(fd).links > 0
+                if taken:
+                    env.fsync_dir(self._path)
+            except BaseException as exc:
                 env.close(fd)
                 self._unlink_quietly(name)
+                if isinstance(exc, OSError):
+                    # A failed fsync is never retried (W-12), not even by a later rotation.
+                    raise StorageBrokenError(f"could not make new WAL file {name} durable") from exc
                 raise
+            if not taken:
+                # A booting worker listed and claimed the file between our create and our
+                # flock (W-2): it is that worker's file now (or it merged and unlinked it),
+                # so never unlink it and never write to it; use another name.
+                env.close(fd)
+                continue
             return name, fd
         raise FileExistsError(f"could not pick an unused WAL file name in {self._path}")
 
     def _repair_main_tail(self) -> None:
-        """Implements W-3: cut a torn tail, then fsync before appending.
+        """Implements W-3: cut a torn tail, then fsync the file and its directory.
 
-        The fsync is unconditional: a killed owner may have left acknowledged but
-        unsynced records in the page cache, and after open every recovered task
-        must be durable (D-3).
+        Both fsyncs are unconditional: a killed owner may have left acknowledged
+        but unsynced records in the page cache, or died (or lost a race with us,
+        see ``_create_file``) before it fsynced the directory after creating the
+        file; after open every recovered task and the file's name are durable
+        (D-3, D-6).
         """
         repair_tail(self._env, self._fd)
         self._env.fsync(self._fd)
+        self._env.fsync_dir(self._path)
 
     def _merge(self, orphans: list[tuple[str, int]], replay: WalReplay) -> None:
         """Implements W-4: copy orphans' valid records, fsync, then unlink the orphans."""
@@ -207,7 +218,7 @@ class TasksWal:
         with self._mutex:
             self._check_usable()
             if task_id is None:
-                task_id = self._next_id()
+                task_id = self._ids.next_id(self._pid)
             line = encode_add(task_id, publish_at, context)
             self._append(line)
             # Implements W-7 and R-@J: a re-added id replaces the task, keeping its position.
@@ -245,9 +256,12 @@ class TasksWal:
             self._sync_locked()
 
     def tick(self) -> None:
-        """Do time-driven work that is due: the periodic fsync (W-8)."""
+        """The periodic timer fired: fsync if anything is unsynced (W-8).
+
+        Never raises for a closed WAL: the timer may fire while ``close`` runs.
+        """
         with self._mutex:
-            if self._state is WalState.OPEN and self._sync_due():
+            if self._state is WalState.OPEN and self._dirty:
                 self._sync_locked()
 
     def close(self) -> None:
@@ -289,15 +303,6 @@ class TasksWal:
             raise RuntimeError(
                 f"this Disk was opened by process {self._pid}; a forked child must open its own")
 
-    def _next_id(self) -> str:
-        """Implements W-5: ``{seed}-{pid}-{n}``, the seed advancing once per elapsed second."""
-        ticks = int((self._env.monotonic() - self._seed_start_s) / SEED_TICK_S)
-        if ticks > self._seed_ticks:
-            self._seed_ticks = ticks
-            self._counter = 0
-        self._counter += 1
-        return f"{self._seed_base + self._seed_ticks}-{self._pid}-{self._counter}"
-
     def _append(self, line: bytes) -> None:
         """Write one whole line; on failure cut any partial line back off (W-13)."""
         try:
@@ -338,11 +343,17 @@ class TasksWal:
         env = self._env
         try:
             name, fd = self._create_file()
+        except StorageBrokenError:
+            self._state = WalState.BROKEN
+            raise
         except OSError:
             log.warning("WAL rotation could not create a new file; will retry later", exc_info=True)
             self._limit = int(self._size * WAL_SIZE_INCREASE_RATIO)
             return
         try:
+            # Implements W-5: a marker carrying the current seed keeps ids issued before
+            # the rotation (whose records the old file takes with it) from being reissued.
+            write_all(env, fd, encode_rem(f"{self._ids.current_seed()}-{self._pid}-0"))
             lines = [task.line for task in self._live.values()]
             for start in range(0, len(lines), 1024):
                 write_all(env, fd, b"".join(lines[start:start + 1024]))

@@ -23,13 +23,14 @@ from deferq._limits import (
     DEFAULT_FSYNC_FREQUENCY_S,
     DEFAULT_PATH,
     DEFAULT_PREFIX,
+    DIR_MODE,
     EXCEPTION_CLASS_CHARS_MAX,
     EXCEPTION_MESSAGE_CHARS_MAX,
     TASK_CLASS_BYTES_MAX,
 )
 from deferq._errors import LimitExceededError
 from deferq._options import check_fsync_frequency, check_path, check_prefix
-from deferq._osenv import OsEnv
+from deferq._osenv import OS_ENV
 from deferq._types import DeadTask, PendingTask
 from deferq._wal import TasksWal
 
@@ -69,6 +70,8 @@ def _check_count(name: str, value: object, *, allow_none: bool) -> int | None:
 
 
 def _clip(text: str, limit: int) -> str:
+    """Escape lone surrogates (F-12 text is UTF-8) and cut to ``limit`` characters."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else text[: limit - len(_TRUNCATED)] + _TRUNCATED
 
 
@@ -110,8 +113,8 @@ class Disk:
         self.path = check_path(path)
         self.prefix = check_prefix(prefix)
         self.fsync_frequency = check_fsync_frequency(fsync_frequency)
-        self._env: Env = OsEnv() if env is None else env
-        self._env.makedirs(self.path)
+        self._env: Env = OS_ENV if env is None else env
+        self._env.makedirs(self.path, DIR_MODE)
         # Implements D-6: the storage directory's own name is durable before any record is.
         self._env.fsync_dir(parent_dir(self.path))
         self._wal = TasksWal(self._env, self.path, self.prefix, self.fsync_frequency)
@@ -160,7 +163,7 @@ class Disk:
                              f"{type(exception).__name__}")
         if not isinstance(task_class, str) or not task_class:
             raise ValueError(f"task_class must be a non-empty str, got {task_class!r}")
-        if len(task_class.encode("utf-8", "replace")) > TASK_CLASS_BYTES_MAX:
+        if len(task_class.encode("utf-8", "surrogatepass")) > TASK_CLASS_BYTES_MAX:
             raise LimitExceededError(f"task_class must be at most {TASK_CLASS_BYTES_MAX} bytes")
         count = _check_count("attempts", attempts, allow_none=False)
         assert count is not None
@@ -197,8 +200,11 @@ class Disk:
             wanted: set[str] = set()
         elif isinstance(ids, str):
             wanted = {check_task_id(ids, argument="id")}
-        else:
+        elif isinstance(ids, Iterable):
             wanted = {check_task_id(i, argument="id") for i in ids}
+        else:
+            raise ValueError(f"ids must be a task id, an iterable of task ids or None, not "
+                             f"{type(ids).__name__}")
         return self._dead.remove(wanted)
 
     # --- lifecycle
