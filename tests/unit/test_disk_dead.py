@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from deferq._env import Env, OpenFlag
-from deferq._errors import DeadTasksLockTimeout
+from deferq._errors import DeadTasksLockTimeout, StorageBrokenError
 from deferq._format import DeadLine, decode_dead_line, encode_dead, frame, id_seed
 from deferq._limits import (
     EXCEPTION_CLASS_CHARS_MAX,
@@ -349,6 +349,19 @@ def test_compaction_drops_damaged_lines_and_keeps_every_other_valid_record(
         assert (storage / DATA).read_bytes() == line("b") + line("c")
 
 
+@pytest.mark.spec("S-7")
+def test_a_compaction_that_drops_damaged_lines_says_how_many_in_one_warning(
+        storage: Path, caplog: pytest.LogCaptureFixture) -> None:
+    storage.mkdir()
+    (storage / DATA).write_bytes(line("a") + bad_crc("x") + b"junk\n" + line("b") + b"torn")
+    with open_disk(storage) as disk, caplog.at_level(logging.WARNING, logger="deferq"):
+        assert disk.remove_dead_tasks(["missing"]) == 0  # nothing replaced, nothing dropped
+        assert messages(caplog, logging.WARNING) == []
+        assert disk.remove_dead_tasks(["a"]) == 1
+        warnings = messages(caplog, logging.WARNING)
+        assert len(warnings) == 1 and "dropped 3 corrupted" in warnings[0]
+
+
 @pytest.mark.spec("S-5", "R-@G")
 def test_compaction_keeps_records_whose_json_does_not_decode_unless_removed(
         storage: Path) -> None:
@@ -488,6 +501,17 @@ def test_a_record_whose_json_does_not_decode_is_logged_as_an_error_and_skipped(
             assert disk.find_dead_task(task_id) is None
 
 
+@pytest.mark.spec("R-@G", "R-@H")
+def test_a_latest_record_whose_json_does_not_decode_hides_the_older_valid_one(
+        storage: Path, caplog: pytest.LogCaptureFixture) -> None:
+    storage.mkdir()
+    (storage / DATA).write_bytes(line("a") + line("b") + frame(b"dead_task:a:{not json"))
+    with open_disk(storage) as disk, caplog.at_level(logging.ERROR, logger="deferq"):
+        assert listed(disk) == ["b"]
+        assert disk.find_dead_task("a") is None
+        assert len(messages(caplog, logging.ERROR)) == 2  # once per read that met it
+
+
 # ----------------------------------------------------------------------------- L-1..L-4 locking
 
 
@@ -603,6 +627,129 @@ def test_both_locks_are_released_after_an_operation_that_raised(
         assert lock_is_free(storage)  # the flock
         assert set(listed(disk)) <= {"a", "b", "new"}  # the process-local lock: no retry needed
         assert clock.sleeps == []
+
+
+# ----------------------------------------------------------------------------- S-8 failures
+
+
+DEAD_CALLS: dict[str, Callable[[Disk], object]] = {
+    "add": lambda d: add(d, "later"),
+    "list": lambda d: d.list_dead_tasks(),
+    "find": lambda d: d.find_dead_task("a"),
+    "remove": lambda d: d.remove_dead_tasks(["a"]),
+}
+
+
+def assert_broken_for_good(disk: Disk) -> None:
+    for call in DEAD_CALLS.values():
+        with pytest.raises(StorageBrokenError):
+            call(disk)
+
+
+@pytest.mark.spec("S-8", "D-8", "D-10")
+@pytest.mark.parametrize("faults", [[(1, None)], [(1, 9), (2, None)], [(1, 0)]],
+                         ids=["EIO", "short write then EIO", "write returns 0"])
+def test_a_failed_dead_task_write_is_cut_back_and_the_store_stays_usable(
+        storage: Path, faults: list[tuple[int, int | None]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    env = FaultyEnv()
+    with open_disk(storage, env) as disk:
+        add(disk, "a")
+        good = (storage / DATA).read_bytes()
+        with (storage / DATA).open("ab") as handle:
+            handle.write(b"torn")  # cut by the tail repair, before the failed write
+        for nth, short_bytes in faults:
+            env.inject("write", path=str(storage / DATA), nth=nth, short_bytes=short_bytes)
+        with pytest.raises(OSError):
+            add(disk, "b")
+        assert (storage / DATA).read_bytes() == good
+        add(disk, "c")
+        with caplog.at_level(logging.WARNING, logger="deferq"):
+            assert listed(disk) == ["c", "a"]
+        assert messages(caplog, logging.WARNING) == []
+
+
+@pytest.mark.spec("S-8", "A-7", "D-10")
+def test_a_failed_dead_task_fsync_is_cut_back_and_breaks_the_store_for_good(
+        storage: Path) -> None:
+    env = FaultyEnv()
+    with open_disk(storage, env) as disk:
+        add(disk, "a")
+        good = (storage / DATA).read_bytes()
+        env.inject("fsync", path=str(storage / DATA))
+        with pytest.raises(StorageBrokenError) as info:
+            add(disk, "b")
+        assert isinstance(info.value.__cause__, OSError)
+        assert (storage / DATA).read_bytes() == good
+        env.clear()
+        assert_broken_for_good(disk)
+        assert env.calls_of("fsync") == [] and env.calls_of("open") == []
+        disk.add_task(b"still", task_id="still")  # the WAL has its own files
+    with open_disk(storage) as disk:
+        assert listed(disk) == ["a"]
+
+
+@pytest.mark.spec("S-8")
+def test_a_failed_cut_after_a_failed_dead_task_write_breaks_the_store(storage: Path) -> None:
+    env = FaultyEnv()
+    with open_disk(storage, env) as disk:
+        add(disk, "a")
+        data = str(storage / DATA)
+        env.inject("write", path=data, short_bytes=9)
+        env.inject("write", path=data, nth=2)
+        env.inject("ftruncate", path=data)
+        with pytest.raises(StorageBrokenError):
+            add(disk, "b")
+        assert_broken_for_good(disk)
+    with open_disk(storage) as disk:  # the 9 stray bytes are a torn tail: skipped, then cut
+        assert listed(disk) == ["a"]
+        add(disk, "c")
+        assert listed(disk) == ["c", "a"]
+
+
+@pytest.mark.spec("S-8", "D-6", "D-9")
+def test_a_failed_directory_fsync_after_a_compaction_rename_breaks_the_store(
+        storage: Path) -> None:
+    env = FaultyEnv()
+    with open_disk(storage, env) as disk:
+        add(disk, "a")
+        add(disk, "b")
+        env.inject("fsync_dir", path=str(storage))
+        with pytest.raises(StorageBrokenError):
+            disk.remove_dead_tasks(["a"])
+        assert_broken_for_good(disk)
+    with open_disk(storage) as disk:
+        assert listed(disk) == ["b"]  # the rename itself happened
+
+
+@pytest.mark.spec("S-8", "S-1", "D-6")
+def test_a_failed_directory_fsync_after_recreating_the_data_file_breaks_the_store(
+        storage: Path) -> None:
+    env = FaultyEnv()
+    with open_disk(storage, env) as disk:
+        (storage / DATA).unlink()
+        env.inject("fsync_dir", path=str(storage))
+        with pytest.raises(StorageBrokenError):
+            add(disk, "a")
+        assert_broken_for_good(disk)
+
+
+@pytest.mark.spec("S-8", "S-5")
+def test_a_failed_fsync_of_the_staging_file_leaves_the_live_file_and_the_store_usable(
+        storage: Path) -> None:
+    env = FaultyEnv()
+    with open_disk(storage, env) as disk:
+        add(disk, "a")
+        add(disk, "b")
+        before = (storage / DATA).read_bytes()
+        env.inject("fsync", path=str(storage / TMP))
+        with pytest.raises(OSError) as info:
+            disk.remove_dead_tasks(["a"])
+        assert not isinstance(info.value, StorageBrokenError)
+        assert (storage / DATA).read_bytes() == before
+        assert not env.calls_of("rename")
+        assert disk.remove_dead_tasks(["a"]) == 1
+        assert listed(disk) == ["b"]
 
 
 # ----------------------------------------------------------------------------- F-12 fields

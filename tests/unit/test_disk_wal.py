@@ -215,15 +215,14 @@ def test_damaged_or_oversized_seeds_in_the_file_do_not_move_the_seed(storage: Pa
         assert disk.add_task(b"") == f"{int(WALL) + 1}-{PID}-1"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "W-5 gap: two Disks open at once in one process on one directory get the same seed; "
-    "the second does not adopt the first's (locked) file, so nothing moves its seed"))
-def test_two_disks_of_one_process_on_one_directory_never_issue_the_same_id(
-        storage: Path) -> None:
-    clock = ManualClock(wall=WALL)
-    with open_disk(storage, RecordingEnv(clock)) as one, \
-            open_disk(storage, RecordingEnv(clock)) as two:
-        assert one.add_task(b"") != two.add_task(b"")
+@pytest.mark.spec("W-5")
+def test_two_disks_of_one_process_sharing_an_env_never_issue_the_same_id(
+        storage: Path, tmp_path: Path) -> None:
+    env = RecordingEnv(ManualClock(wall=WALL))
+    with open_disk(storage, env) as one, open_disk(storage, env) as two, \
+            open_disk(tmp_path / "elsewhere", env) as three:
+        issued = [disk.add_task(b"") for disk in (one, two, three, two, one)]
+    assert len(set(issued)) == len(issued)
 
 
 @pytest.mark.spec("W-5", "W-9")
@@ -401,6 +400,38 @@ def test_the_torn_tail_of_an_adopted_main_file_is_cut_and_fsynced_before_any_app
     assert corruption_warnings(caplog) == []
 
 
+@pytest.mark.spec("W-3")
+def test_an_adopted_main_file_is_fsynced_at_open_even_with_nothing_to_cut(storage: Path) -> None:
+    with open_disk(storage, f=3600) as disk:  # f > 0: the records may still be unsynced
+        disk.add_task(b"a", task_id="a")
+    wal = str(only_wal(storage))
+    env = RecordingEnv()
+    with open_disk(storage, env) as disk:
+        assert env.calls_of("ftruncate", wal) == []
+        synced = env.index("fsync", wal)
+        disk.add_task(b"b", task_id="b")
+        assert env.index("write", wal) > synced
+
+
+@pytest.mark.spec("W-15", "W-2", "R-@J", "R-@I")
+@pytest.mark.parametrize("merged_record,expected", [
+    (encode_add("dup", None, b"merged"), [("dup", b"merged"), ("x", b"x"), ("y", b"y")]),
+    (encode_rem("dup"), [("x", b"x"), ("y", b"y")]),
+], ids=["re-add", "rem"])
+def test_records_of_one_id_in_several_files_apply_main_first_then_in_name_order(
+        storage: Path, merged_record: bytes, expected: list[tuple[str, bytes]]) -> None:
+    storage.mkdir()
+    # The merged file is older (by mtime) but later by name: name order decides, not time.
+    main = storage / "deferred-0-20240102-1-1"
+    other = storage / "deferred-0-20240102-1-2"
+    main.write_bytes(encode_add("dup", None, b"main") + encode_add("x", None, b"x"))
+    other.write_bytes(encode_add("y", None, b"y") + merged_record)
+    os.utime(other, (1, 1))
+    with open_disk(storage) as disk:
+        assert [(t.task_id, t.context) for t in disk.pending_tasks()] == expected
+        assert wal_files(storage) == [main]
+
+
 @pytest.mark.spec("W-4", "R-@F", "D-5")
 def test_a_torn_tail_of_a_merged_orphan_is_not_copied_and_the_following_records_survive(
         storage: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -483,6 +514,8 @@ def test_sync_fsyncs_now_and_close_fsyncs_and_stops_the_timer(storage: Path) -> 
     assert len(env.calls_of("fsync", wal)) == 2
     assert env.index("fsync", wal, start=env.last_index("write", wal)) < env.index("close", wal)
     assert clock.active_timers() == []
+    clock.timers[0].callback()  # a timer that fires while close runs must not raise
+    disk.tick()
 
 
 @pytest.mark.spec("C-9")
@@ -520,7 +553,7 @@ def churn(disk: Disk, storage: Path, *, until_rotations: int,
     raise AssertionError(f"only {rotations} rotations in {max_cycles} cycles")
 
 
-@pytest.mark.spec("W-9", "W-10", "W-11")
+@pytest.mark.spec("W-9", "W-10", "W-11", "W-5")
 def test_rotation_copies_every_live_task_to_a_new_file_and_drops_the_old_one_in_order(
         storage: Path) -> None:
     clock = ManualClock()
@@ -540,6 +573,7 @@ def test_rotation_copies_every_live_task_to_a_new_file_and_drops_the_old_one_in_
         assert new != old and not old.exists()
         assert disk.pending_tasks() == expected
         records = [decode_wal_line(rec) for rec in new.read_bytes().split(b"\n")[:-1]]
+        assert records[0] == WalRem(f"{int(clock.wall) + 1}-{PID}-0")  # the W-5 seed marker
         assert [(r.task_id, r.publish_at, r.context) for r in records
                 if isinstance(r, WalAdd)] == [(t.task_id, t.publish_at, t.context) for t in expected]
         assert all(isinstance(r, WalRem) and r.task_id not in ids(disk)  # at most markers
@@ -575,13 +609,15 @@ def test_the_rotation_limit_grows_while_live_tasks_fill_two_thirds_of_it(storage
 
 
 @pytest.mark.spec("W-10")
+@pytest.mark.parametrize("op,error", [("write", errno.ENOSPC), ("fsync", errno.EIO)],
+                         ids=["write ENOSPC", "fsync EIO"])
 def test_a_failed_rotation_keeps_the_old_file_and_is_retried_after_more_growth(
-        storage: Path, caplog: pytest.LogCaptureFixture) -> None:
+        storage: Path, op: str, error: int, caplog: pytest.LogCaptureFixture) -> None:
     env = FaultyEnv(ManualClock())
     with open_disk(storage, env, f=3600) as disk:
         disk.add_task(b"keep", task_id="keep")
         old = only_wal(storage)
-        env.inject("write", error=errno.ENOSPC,
+        env.inject(op, error=error,  # the new file's first write or fsync fails
                    match=lambda p: p is not None and p != str(old)
                    and is_wal_file_name(PREFIX, Path(p).name))
         with caplog.at_level(logging.WARNING, logger="deferq"):
@@ -597,6 +633,28 @@ def test_a_failed_rotation_keeps_the_old_file_and_is_retried_after_more_growth(
         assert not old.exists() and len(wal_files(storage)) == 1
     with open_disk(storage) as disk:
         assert ids(disk) == ["keep"]
+
+
+@pytest.mark.spec("W-10", "W-12")
+@pytest.mark.parametrize("op", ["unlink", "fsync_dir"])
+def test_a_failure_after_the_rotation_switch_breaks_the_wal_and_loses_no_task(
+        storage: Path, op: str) -> None:
+    env = FaultyEnv(ManualClock())
+    with open_disk(storage, env, f=3600) as disk:
+        disk.add_task(b"keep", task_id="keep")
+        disk.add_task(b"later", publish_at=FAR_FUTURE, task_id="later")
+        old = only_wal(storage)
+        if op == "unlink":
+            env.inject("unlink", path=str(old))
+        else:  # the directory fsync that follows the old file's unlink
+            env.inject("fsync_dir", match=lambda p: p == str(storage) and not old.exists())
+        with pytest.raises(StorageBrokenError):
+            churn(disk, storage, until_rotations=2)
+        for call in (lambda: disk.add_task(b"x"), disk.pending_tasks, disk.sync):
+            with pytest.raises(StorageBrokenError):
+                call()
+    with open_disk(storage) as disk:
+        assert sorted(ids(disk)) == ["keep", "later"]
 
 
 # ----------------------------------------------------------------------------- failures
@@ -710,18 +768,22 @@ def test_a_failed_cut_after_a_failed_write_breaks_the_wal(storage: Path) -> None
 
 
 @pytest.mark.spec("W-14")
-def test_a_forked_child_cannot_use_the_parents_wal(storage: Path) -> None:
+def test_a_forked_child_cannot_use_the_parents_disk(storage: Path) -> None:
     with open_disk(storage) as disk:
         disk.add_task(b"a", task_id="a")
         wal = only_wal(storage)
-        before = wal.read_bytes()
+        before = snapshot(storage)
         child = os.fork()
         if child == 0:  # pragma: no cover - runs in the child; reported by exit code
             code = 0
             try:
-                for number, call in enumerate((lambda: disk.add_task(b"x"),
-                                               lambda: disk.remove_task("a"),
-                                               disk.pending_tasks, disk.sync), start=1):
+                calls: tuple[Callable[[], object], ...] = (
+                    lambda: disk.add_task(b"x"), lambda: disk.remove_task("a"),
+                    disk.pending_tasks, disk.sync,
+                    lambda: disk.add_dead_task("d", b"", ValueError(), task_class="T", attempts=1),
+                    disk.list_dead_tasks, lambda: disk.find_dead_task("d"),
+                    lambda: disk.remove_dead_tasks(["d"]))
+                for number, call in enumerate(calls, start=1):
                     try:
                         call()
                     except RuntimeError:
@@ -735,8 +797,8 @@ def test_a_forked_child_cannot_use_the_parents_wal(storage: Path) -> None:
                 os._exit(code)
         _, status = os.waitpid(child, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert wal.read_bytes() == before
-        assert ids(disk) == ["a"]
+        assert snapshot(storage) == before
+        assert wal.exists() and ids(disk) == ["a"]
 
 
 # ----------------------------------------------------------------------------- lifecycle and API
