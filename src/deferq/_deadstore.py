@@ -45,6 +45,19 @@ def parent_dir(path: str) -> str:
     return head if head else ("/" if sep else ".")
 
 
+def ancestors(path: str) -> list[str]:
+    """The directories holding ``path``, its parent, ... up to ``/`` or ``.``, nearest first.
+
+    ``..`` components are kept as written: their durability is the user's (A-4).
+    """
+    out = []
+    while True:
+        path = parent_dir(path)
+        out.append(path)
+        if path in ("/", "."):
+            return out
+
+
 class DeadTaskStore:
     """The shared dead-task store of one storage directory and prefix. Thread-safe."""
 
@@ -177,18 +190,20 @@ class DeadTaskStore:
         if limit == 0:
             self._check_usable()
             return []
-        wanted = None if limit is None else offset + limit
-        return self._scan_newest_first(None, wanted)[offset:]
+        return self._scan_newest_first(None, offset, limit)
 
     def find(self, task_id: str) -> DeadTask | None:
         """The latest record of ``task_id``, or None (S-6, R-@H)."""
-        found = self._scan_newest_first(task_id, 1)
+        found = self._scan_newest_first(task_id, 0, 1)
         return found[0] if found else None
 
-    def _scan_newest_first(self, only_id: str | None, wanted: int | None) -> list[DeadTask]:
-        """Up to ``wanted`` decoded tasks newest first, read backwards in chunks under the lock.
+    def _scan_newest_first(self, only_id: str | None, offset: int,
+                           limit: int | None) -> list[DeadTask]:
+        """Up to ``limit`` decoded tasks newest first, read backwards in chunks under the lock.
 
-        Stops reading as soon as it has ``wanted`` tasks, or, for ``only_id``, at the
+        The first ``offset`` distinct ids (latest records with a valid frame) are
+        skipped without decoding their payloads, so only their ids are held (D-14).
+        Stops reading as soon as it has ``limit`` tasks, or, for ``only_id``, at the
         latest record of that id (whether or not its payload decodes).
         """
         env = self._env
@@ -211,13 +226,16 @@ class DeadTaskStore:
                     if framed.task_id in seen or (only_id is not None and framed.task_id != only_id):
                         continue
                     seen.add(framed.task_id)
+                    if offset:
+                        offset -= 1
+                        continue
                     task = decode_dead_payload(framed)
                     if isinstance(task, BadLine):
                         log.error("Can't deserialize the dead-lettered task with id %s",
                                   framed.task_id)
                     else:
                         out.append(task)
-                    if only_id is not None or (wanted is not None and len(out) >= wanted):
+                    if only_id is not None or (limit is not None and len(out) >= limit):
                         break
             finally:
                 env.close(fd)
@@ -229,8 +247,7 @@ class DeadTaskStore:
     def remove(self, task_ids: set[str]) -> int:
         """Compact away every record of the given ids (S-5); return how many ids were found."""
         if not task_ids:
-            if self._closed:  # C-9: a closed backend refuses every call, even a no-op one.
-                raise StorageClosedError("the Disk backend is closed")
+            self._check_usable()  # C-9, W-14: refused even as a no-op.
             return 0  # Implements S-5: no lock, no file touched.
         env = self._env
         with self._locked("delete tasks from"):

@@ -184,13 +184,14 @@ def unframe(line: bytes) -> bytes | BadLine:
     if len(line) < HEADER_BYTES or line[CRC_HEX_BYTES] != 0x3A:
         return BadLine(LineFault.BAD_HEADER)
     head = line[:CRC_HEX_BYTES]
-    if not all(byte in _HEX_DIGITS for byte in head):
-        return BadLine(LineFault.BAD_HEADER)
     body = line[HEADER_BYTES:]
+    if crc_hex(body) != head:
+        # Slow path only for damage: a matching CRC already proves the header is hex.
+        if not all(byte in _HEX_DIGITS for byte in head):
+            return BadLine(LineFault.BAD_HEADER)
+        return BadLine(LineFault.CRC_MISMATCH)
     if b"\n" in body:
         return BadLine(LineFault.BAD_BODY)
-    if crc_hex(body) != head:
-        return BadLine(LineFault.CRC_MISMATCH)
     return body
 
 

@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Iterable
 from types import TracebackType
 
-from deferq._deadstore import DeadTaskStore, parent_dir
+from deferq._deadstore import DeadTaskStore, ancestors
 from deferq._env import Cancel, Env
 from deferq._format import check_task_id, dead_problem, id_seed
 from deferq._limits import (
@@ -85,9 +85,10 @@ def exception_class_name(exception: BaseException) -> str:
 
 def exception_backtrace(exception: BaseException) -> tuple[str, ...]:
     """The frames nearest the raise, outermost first, at most BACKTRACE_FRAMES_MAX (F-10)."""
-    frames = traceback.extract_tb(exception.__traceback__)[-BACKTRACE_FRAMES_MAX:]
-    return tuple(_clip(f"{f.filename}:{f.lineno}:in {f.name}", BACKTRACE_FRAME_CHARS_MAX)
-                 for f in frames)
+    # walk_tb, not extract_tb: no source-line lookups, about 10x cheaper per frame.
+    frames = list(traceback.walk_tb(exception.__traceback__))[-BACKTRACE_FRAMES_MAX:]
+    return tuple(_clip(f"{frame.f_code.co_filename}:{lineno}:in {frame.f_code.co_name}",
+                       BACKTRACE_FRAME_CHARS_MAX) for frame, lineno in frames)
 
 
 class Disk:
@@ -115,8 +116,10 @@ class Disk:
         self.fsync_frequency = check_fsync_frequency(fsync_frequency)
         self._env: Env = OS_ENV if env is None else env
         self._env.makedirs(self.path, DIR_MODE)
-        # Implements D-6: the storage directory's own name is durable before any record is.
-        self._env.fsync_dir(parent_dir(self.path))
+        # Implements D-6: the storage directory's name, and those of any parents makedirs
+        # may have just created, are durable before any record is.
+        for directory in ancestors(self.path):
+            self._env.fsync_dir(directory)
         self._wal = TasksWal(self._env, self.path, self.prefix, self.fsync_frequency)
         try:
             self._dead = DeadTaskStore(self._env, self.path, self.prefix)

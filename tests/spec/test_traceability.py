@@ -65,7 +65,7 @@ def test_every_cited_id_exists_in_spec() -> None:
 def test_every_id_mentioned_in_spec_or_src_is_defined() -> None:
     defined = defined_ids()
     texts = [p for p in (ROOT / "spec").glob("*.md")] + list((ROOT / "src").rglob("*.py"))
-    unknown = {}
+    unknown: dict[str, str] = {}
     for path in texts:
         for ident in MENTIONED.findall(path.read_text()):
             if ident not in defined:

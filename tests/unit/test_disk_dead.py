@@ -885,3 +885,19 @@ def test_a_task_handed_to_the_dead_store_is_dead_and_no_longer_pending_after_reo
         dead = disk.find_dead_task(task_id)
         assert dead is not None and dead.context == b"payload" and dead.attempts == 21
         assert [t.task_id for t in disk.pending_tasks()] == [other]
+
+
+@pytest.mark.spec("S-6", "R-@G", "D-14")
+def test_offset_skips_ids_without_decoding_and_bad_payloads_count_toward_it(storage: Path) -> None:
+    with Disk(path=storage, fsync_frequency=0) as disk:
+        for name in ("a", "b"):
+            disk.add_dead_task(name, b"", RuntimeError(name), task_class="T", attempts=1)
+        data = storage / "deferred-dead_tasks-0"
+        with data.open("ab") as f:
+            f.write(frame(b'dead_task:bad:{"not":"a dead task"}'))  # valid frame, bad JSON
+        disk.add_dead_task("c", b"", RuntimeError("c"), task_class="T", attempts=1)
+        # Newest first: c, bad (undecodable), b, a.
+        assert [t.id for t in disk.list_dead_tasks()] == ["c", "b", "a"]
+        assert [t.id for t in disk.list_dead_tasks(offset=1, limit=1)] == ["b"]
+        assert [t.id for t in disk.list_dead_tasks(offset=2)] == ["b", "a"]
+        assert [t.id for t in disk.list_dead_tasks(offset=3)] == ["a"]

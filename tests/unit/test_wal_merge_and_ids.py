@@ -72,3 +72,4 @@ def test_a_shared_id_readded_in_a_later_named_file_wins(storage: Path) -> None:
     with Disk(path=storage, fsync_frequency=0) as disk:
         [task] = disk.pending_tasks()
     assert (task.task_id, task.context, task.publish_at) == ("x", b"b", 5)
+
