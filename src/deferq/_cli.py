@@ -1,15 +1,17 @@
 """The ``deferq`` command (also ``python -m deferq``).
 
-For now it has one subcommand, ``demo``: a storage-level walk through a Disk
-backend that prints what happens as it happens and shows the files on disk.
+``demo`` is a storage-level walk through a Disk backend that prints what
+happens as it happens and shows the files on disk; other subcommands come from
+the area modules listed in ``_AREAS``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from deferq._errors import DeferqError
 from deferq.backends import Disk
@@ -80,20 +82,50 @@ def demo(path: str) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="deferq", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _add_demo(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     demo_parser = sub.add_parser("demo", help="run the storage demo")
     demo_parser.add_argument("--path", default="deferq-demo-storage",
                              help="storage directory (created; default %(default)s)")
-    args = parser.parse_args(argv)
+    demo_parser.set_defaults(handler=lambda args: demo(str(args.path)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``deferq`` argument parser. Each area registers its own subcommands.
+
+    Area modules (``_cli_<area>.py``) each expose ``register(sub)``, which adds
+    subparsers whose ``handler`` default takes the parsed arguments and returns
+    the exit status. This keeps one module per job (STYLE.md rule 3).
+    """
+    parser = argparse.ArgumentParser(prog="deferq", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_demo(sub)
+    for module_name in _AREAS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # That area is not part of this build.
+        register: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None] = (
+            module.register)
+        register(sub)
+    return parser
+
+
+_AREAS = ("deferq._cli_ops", "deferq._cli_crash")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
     try:
-        if args.command == "demo":
-            return demo(str(args.path))
+        return handler(args)
     except (DeferqError, OSError, ValueError) as exc:
         print(f"deferq: error: {exc}", file=sys.stderr)
         return 1
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 if __name__ == "__main__":  # pragma: no cover

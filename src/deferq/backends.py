@@ -103,6 +103,12 @@ class Disk:
     Guarantees: D-1..D-12 of spec/durability.md.
     """
 
+    # The engine classes. Tests substitute deliberately broken subclasses here (the
+    # mutant catalogue under tests/) to prove the crash suites catch them; nothing in
+    # deferq changes these.
+    _wal_class: type[TasksWal] = TasksWal
+    _dead_class: type[DeadTaskStore] = DeadTaskStore
+
     def __init__(
         self,
         *,
@@ -120,9 +126,9 @@ class Disk:
         # may have just created, are durable before any record is.
         for directory in ancestors(self.path):
             self._env.fsync_dir(directory)
-        self._wal = TasksWal(self._env, self.path, self.prefix, self.fsync_frequency)
+        self._wal = self._wal_class(self._env, self.path, self.prefix, self.fsync_frequency)
         try:
-            self._dead = DeadTaskStore(self._env, self.path, self.prefix)
+            self._dead = self._dead_class(self._env, self.path, self.prefix)
         except BaseException:
             self._wal.close()
             raise
