@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from deferq._env import Env, OpenFlag
 from deferq._errors import DeadTasksLockTimeout, StorageBrokenError, StorageClosedError
 from deferq._format import (
+    HEADER_BYTES,
     BadLine,
     dead_data_name,
     dead_lock_name,
@@ -214,8 +215,16 @@ class DeadTaskStore:
                 return out
             seen: set[str] = set()
             corrupt = 0
+            # For find, lines of other ids are skipped by a prefix test before any CRC work
+            # (S-7: find counts damage only among the requested id's lines).
+            wanted_prefix = None if only_id is None else (
+                b"dead_task:" + only_id.encode("utf-8") + b":")
             try:
                 for raw in lines_backward(env, fd, env.fstat(fd).size):
+                    if wanted_prefix is not None and (
+                            raw.data is None
+                            or not raw.data.startswith(wanted_prefix, HEADER_BYTES)):
+                        continue
                     if raw.data is None or not raw.complete:
                         corrupt += 1
                         continue

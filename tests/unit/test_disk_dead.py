@@ -473,7 +473,9 @@ def test_damaged_lines_met_by_a_read_are_counted_in_one_warning(
         warnings = messages(caplog, logging.WARNING)
         assert len(warnings) == 1 and "Detected 4 corrupted" in warnings[0]
         caplog.clear()
-        assert disk.find_dead_task("b") is not None  # only the torn tail lies before "b"
+        assert disk.find_dead_task("b") is not None  # the torn tail is another id's: skipped
+        assert messages(caplog, logging.WARNING) == []
+        assert disk.find_dead_task("x") is None  # the damaged "x" line is x's: counted
         warnings = messages(caplog, logging.WARNING)
         assert len(warnings) == 1 and "Detected 1 corrupted" in warnings[0]
         caplog.clear()

@@ -1,0 +1,139 @@
+"""The task context record: what the queue gives the backend as a task's opaque bytes (spec/queue.md).
+
+Rules (Q-5, Q-6):
+- A context is one line of UTF-8 JSON, an object with exactly the keys
+  ``v`` (record version, 1), ``task`` (the registered task name), ``args``
+  (a list), ``kwargs`` (an object) and ``attempts`` (failed executions so far,
+  an int >= 0). Key order and separators are fixed, so equal records encode to
+  equal bytes.
+- Encoding is strict: only ``None``, ``bool``, ``int``, ``float`` (finite),
+  ``str``, ``list`` and ``dict`` with ``str`` keys are accepted, because those
+  are exactly the values that come back from JSON unchanged. A tuple, a set, a
+  datetime, NaN or any other object raises ``SerializationError`` at enqueue,
+  before anything is stored: what ``perform`` receives is what was enqueued.
+- Decoding never imports or executes anything. It raises ``ContextError``
+  with a reason a person can read; the queue dead-letters the task with that
+  reason (Q-9).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import Final
+
+from deferq._errors import DeferqError
+
+CONTEXT_VERSION: Final = 1
+_MAX_DEPTH: Final = 100
+_KEYS: Final = ("v", "task", "args", "kwargs", "attempts")
+
+# A JSON value as this module accepts it. ``object`` keeps mypy --strict honest
+# without explicit Any: the strict walk below is what checks the shape.
+JsonValue = object
+
+
+class SerializationError(DeferqError, TypeError):
+    """Task arguments that cannot be stored as JSON unchanged (raised at enqueue)."""
+
+
+class ContextError(DeferqError, ValueError):
+    """A stored context that cannot be decoded into a runnable task record."""
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """A decoded task context."""
+
+    task: str
+    args: tuple[JsonValue, ...]
+    kwargs: dict[str, JsonValue]
+    attempts: int = 0
+
+    def with_attempts(self, attempts: int) -> Context:
+        """The same record with another attempts count."""
+        return replace(self, attempts=attempts)
+
+
+def _check_value(value: object, where: str, depth: int = 0) -> None:
+    if depth > _MAX_DEPTH:
+        raise SerializationError(f"{where} is nested more than {_MAX_DEPTH} levels deep")
+    if value is None or isinstance(value, (bool, int, str)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise SerializationError(f"{where} is {value!r}, which JSON cannot represent")
+        return
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_value(item, f"{where}[{index}]", depth + 1)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise SerializationError(
+                    f"{where} has a key of type {type(key).__name__}; JSON object keys must be str")
+            _check_value(item, f"{where}[{key!r}]", depth + 1)
+        return
+    hint = "; pass a list" if isinstance(value, (tuple, set, frozenset)) else ""
+    raise SerializationError(
+        f"{where} of type {type(value).__name__} cannot be stored as JSON unchanged{hint}")
+
+
+def encode_context(context: Context) -> bytes:
+    """The context's single-line JSON bytes; raises SerializationError for bad arguments."""
+    for index, arg in enumerate(context.args):
+        _check_value(arg, f"argument {index}")
+    for name, arg in context.kwargs.items():
+        _check_value(arg, f"keyword argument {name!r}")
+    record = {"v": CONTEXT_VERSION, "task": context.task, "args": list(context.args),
+              "kwargs": context.kwargs, "attempts": context.attempts}
+    text = json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate in a str argument
+        raise SerializationError(f"an argument is not valid Unicode text: {exc.reason}") from None
+
+
+def peek_task_name(data: bytes) -> str | None:
+    """The ``task`` field of a context if it can be read at all, else None (for reports)."""
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(record, dict):
+        name = record.get("task")
+        if isinstance(name, str) and name:
+            return name
+    return None
+
+
+def decode_context(data: bytes) -> Context:
+    """Parse a stored context; raise ContextError naming what is wrong."""
+    try:
+        record = json.loads(data)
+    except UnicodeDecodeError as exc:
+        raise ContextError(f"context is not UTF-8 text: {exc.reason}") from None
+    except RecursionError:
+        raise ContextError("context JSON is nested too deeply") from None
+    except ValueError as exc:
+        raise ContextError(f"context is not valid JSON: {exc}") from None
+    if not isinstance(record, dict):
+        raise ContextError(f"context JSON is a {type(record).__name__}, not an object")
+    if record.get("v") != CONTEXT_VERSION:
+        raise ContextError(f"context record version {record.get('v')!r} is not supported "
+                           f"(expected {CONTEXT_VERSION})")
+    extra = sorted(set(record) - set(_KEYS))
+    if extra:
+        raise ContextError(f"context has unknown field(s) {', '.join(map(repr, extra))}")
+    task, args, kwargs, attempts = (record.get(k) for k in _KEYS[1:])
+    if not isinstance(task, str) or not task:
+        raise ContextError("context has no task name")
+    if not isinstance(args, list):
+        raise ContextError("context field 'args' is not a list")
+    if not isinstance(kwargs, dict):
+        raise ContextError("context field 'kwargs' is not an object")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+        raise ContextError(f"context field 'attempts' is {attempts!r}, not an int >= 0")
+    return Context(task=task, args=tuple(args), kwargs=dict(kwargs), attempts=attempts)

@@ -1,0 +1,213 @@
+"""Task definitions, the task registry and the retry policy (spec/queue.md Q-1..Q-4).
+
+Rules:
+- A task is a subclass of ``Task`` with a ``perform`` method (plain or
+  ``async``), or a function decorated with ``@task``. Defining it registers it
+  under a name: ``name=`` given explicitly, else ``module.QualName``. The queue
+  resolves a stored context only through a registry, so loading a task never
+  imports a module or runs code that was not registered (Q-1).
+- ``max_retries`` is validated when the class is defined, with the reference's
+  strict conversion: an int as is, a float truncated, a decimal-digit string
+  parsed; anything else, or a negative number, raises ``ValueError`` with the
+  message ``max_retries should be a valid non-negative integer`` (Q-2).
+- After the n-th failed execution (``attempts`` = n), ``next_retry_in`` gives
+  up (None) when n > max_retries; otherwise it asks ``retry_interval``. None
+  or False gives up; an int or float is returned as is (0 and negatives mean
+  "at once"); any other value logs a warning and the default backoff
+  ``attempt**4 + 10 + randint(0, 14) * attempt`` is used (Q-3, Q-4). The
+  random source is the instance's ``rng``, which the queue injects.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import types
+from collections.abc import Callable
+from typing import ClassVar, Final, Generic, ParamSpec, TypeVar, overload
+
+log = logging.getLogger("deferq.queue")
+
+DEFAULT_MAX_RETRIES: Final = 20
+_MAX_RETRIES_MESSAGE: Final = "max_retries should be a valid non-negative integer"
+_NAME_BYTES_MAX: Final = 1024  # the dead-task store's task_class limit
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def check_max_retries(value: object) -> int:
+    """Strict conversion of a ``max_retries`` value (Q-2)."""
+    if isinstance(value, bool):
+        raise ValueError(_MAX_RETRIES_MESSAGE)
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(_MAX_RETRIES_MESSAGE)
+        number = int(value)
+    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        number = int(value.strip())
+    else:
+        raise ValueError(_MAX_RETRIES_MESSAGE)
+    if number < 0:
+        raise ValueError(_MAX_RETRIES_MESSAGE)
+    return number
+
+
+def default_backoff(attempt: int, rng: random.Random) -> int:
+    """``attempt**4 + 10 + randint(0, 14) * attempt`` seconds (Q-4)."""
+    return attempt ** 4 + 10 + rng.randint(0, 14) * attempt
+
+
+class TaskRegistry:
+    """Task names to task classes. Loading resolves names here and nowhere else (Q-1)."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, type[Task]] = {}
+
+    def register(self, cls: type[Task], name: str) -> None:
+        """Register ``cls`` as ``name``; a redefinition of the same class (same module and
+        qualified name, e.g. a reloaded module) replaces the old one, anything else that
+        takes an existing name raises ``ValueError``."""
+        if not name or len(name.encode("utf-8", "surrogatepass")) > _NAME_BYTES_MAX:
+            raise ValueError(f"task name must be a non-empty str of at most {_NAME_BYTES_MAX} "
+                             f"UTF-8 bytes, got {name!r}")
+        old = self._tasks.get(name)
+        if old is not None and old is not cls and (
+                old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"task name {name!r} is already registered by "
+                             f"{old.__module__}.{old.__qualname__}")
+        self._tasks[name] = cls
+
+    def get(self, name: str) -> type[Task] | None:
+        """The class registered as ``name``, or None."""
+        return self._tasks.get(name)
+
+    def names(self) -> list[str]:
+        """Every registered name, sorted."""
+        return sorted(self._tasks)
+
+
+REGISTRY: Final = TaskRegistry()
+
+
+class Task:
+    """Base class of deferred tasks.
+
+    Subclass it and define ``perform(self, *args, **kwargs)`` (plain or ``async``).
+    Class keywords: ``name=`` (the registered name; default ``module.QualName``) and
+    ``registry=`` (default: the global one). Set ``max_retries`` (default 20) and
+    override ``retry_interval`` to change the retry policy.
+    """
+
+    task_name: ClassVar[str] = ""
+    max_retries: ClassVar[int] = DEFAULT_MAX_RETRIES
+
+    # Set by the queue on each instance before perform runs.
+    rng: random.Random = random.Random()
+    task_id: str = ""
+    attempt: int = 1  # this execution's number: stored attempts + 1
+
+    def __init_subclass__(cls, *, name: str | None = None,
+                          registry: TaskRegistry | None = None, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.max_retries = check_max_retries(cls.max_retries)
+        cls.task_name = name if name is not None else f"{cls.__module__}.{cls.__qualname__}"
+        (REGISTRY if registry is None else registry).register(cls, cls.task_name)
+
+    def perform(self, *args: object, **kwargs: object) -> object:
+        """The task's work. A raised exception is a failed execution."""
+        raise NotImplementedError(f"{type(self).__qualname__} must define perform()")
+
+    def retry_interval(self, exception: BaseException, attempt: int) -> object:
+        """Seconds until the next execution after failure number ``attempt``, or None/False
+        to give up. The default is the reference backoff."""
+        return default_backoff(attempt, self.rng)
+
+
+def next_retry_in(task: Task, exception: BaseException, attempts: int) -> float | None:
+    """Seconds to the next execution after ``attempts`` failures, or None to give up (Q-3)."""
+    cls = type(task)
+    if attempts > cls.max_retries:
+        return None
+    interval = task.retry_interval(exception, attempt=attempts)
+    if interval is None or interval is False:
+        return None
+    if isinstance(interval, (int, float)) and not isinstance(interval, bool) and (
+            math.isfinite(interval)):
+        return interval
+    log.warning("%s.retry_interval returned %s, expected Numeric, false, or nil; falling back "
+                "to default backoff", cls.task_name, type(interval).__name__)
+    return default_backoff(attempts, task.rng)
+
+
+class TaskFunction(Generic[P, R]):
+    """What ``@task`` returns: still callable as the function; ``task_class`` is the Task."""
+
+    def __init__(self, function: Callable[P, R], task_class: type[Task]) -> None:
+        self.function = function
+        self.task_class = task_class
+        self.__name__ = getattr(function, "__name__", "task")
+        self.__qualname__ = getattr(function, "__qualname__", self.__name__)
+        self.__doc__ = function.__doc__
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.function(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<deferq task {self.task_class.task_name}>"
+
+
+def _task_class_for(function: Callable[P, R], name: str | None, max_retries: object,
+                    registry: TaskRegistry | None) -> type[Task]:
+    def perform(self: Task, *args: P.args, **kwargs: P.kwargs) -> R:
+        return function(*args, **kwargs)
+
+    task_name = name if name is not None else f"{function.__module__}.{function.__qualname__}"
+    namespace: dict[str, object] = {
+        "perform": perform,
+        "max_retries": check_max_retries(max_retries),
+        "__module__": function.__module__,
+        "__qualname__": getattr(function, "__qualname__", task_name),
+        "__doc__": function.__doc__,
+    }
+
+    def fill(ns: dict[str, object]) -> None:
+        ns.update(namespace)
+
+    cls = types.new_class(getattr(function, "__name__", "task"), (Task,),
+                          {"name": task_name, "registry": registry}, fill)
+    assert issubclass(cls, Task)
+    return cls
+
+
+@overload
+def task(function: Callable[P, R], /) -> TaskFunction[P, R]: ...
+
+
+@overload
+def task(*, name: str | None = None, max_retries: object = DEFAULT_MAX_RETRIES,
+         registry: TaskRegistry | None = None
+         ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
+
+
+def task(function: Callable[P, R] | None = None, /, *, name: str | None = None,
+         max_retries: object = DEFAULT_MAX_RETRIES, registry: TaskRegistry | None = None
+         ) -> TaskFunction[P, R] | Callable[[Callable[P, R]], TaskFunction[P, R]]:
+    """Make a function (plain or ``async``) a task: ``@task`` or ``@task(name=..., max_retries=...)``."""
+    def wrap(fn: Callable[P, R]) -> TaskFunction[P, R]:
+        return TaskFunction(fn, _task_class_for(fn, name, max_retries, registry))
+
+    return wrap if function is None else wrap(function)
+
+
+def task_class_of(ref: object) -> type[Task]:
+    """The Task class behind a task class or a ``@task`` function."""
+    if isinstance(ref, TaskFunction):
+        return ref.task_class
+    if isinstance(ref, type) and issubclass(ref, Task) and ref is not Task:
+        return ref
+    raise TypeError(f"{ref!r} is not a deferq task: subclass deferq.Task or decorate a function "
+                    f"with @deferq.task")
