@@ -179,6 +179,7 @@ def sim_tree(disk: SimDisk) -> dict[str, bytes | None]:
     return {n.path.lstrip("/"): n.data for n in image.nodes if n.path != "/"}
 
 
+@pytest.mark.spec("M-13")
 @given(st.lists(seam_ops, max_size=40))
 def test_sim_env_agrees_with_the_os_on_random_seam_calls(ops: list[tuple[object, ...]]) -> None:
     disk = SimDisk()
@@ -338,6 +339,7 @@ class DiskRunner:
         return self.pending(self.backend.pending_tasks())
 
 
+@pytest.mark.spec("M-13")
 @settings(max_examples=max(10, settings().max_examples // 5))
 @given(st.lists(disk_ops, max_size=15))
 def test_disk_on_sim_env_observes_what_disk_on_os_env_observes(
@@ -443,6 +445,7 @@ def test_a_bit_flip_at_rest_in_a_wal_record_is_detected_not_repaired() -> None:
     reopened.close()
 
 
+@pytest.mark.spec("M-13")
 def test_sim_env_implements_the_env_protocol_exactly() -> None:
     env_methods = {n for n in dir(Env) if not n.startswith("_")}
     assert env_methods <= {n for n in dir(SimEnv) if not n.startswith("_")}

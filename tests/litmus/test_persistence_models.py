@@ -91,7 +91,7 @@ def names(disk: SimDisk, model: str, bound: Bound = COMPLETE) -> set[frozenset[s
 # ---------------------------------------------------------------------- data durability
 
 
-@pytest.mark.spec("A-3")
+@pytest.mark.spec("A-3", "M-1")
 @pytest.mark.parametrize("model", MODELS)
 def test_fsynced_write_survives_power_loss_under_every_model(model: str) -> None:
     disk, env = machine()
@@ -103,6 +103,7 @@ def test_fsynced_write_survives_power_loss_under_every_model(model: str) -> None
     assert outcomes(disk, model, "/f") == {b"HEllo"}
 
 
+@pytest.mark.spec("M-6")
 @pytest.mark.parametrize("model", ["prefix", "ext4_ordered"])
 def test_unsynced_overwrite_is_all_or_nothing_under_prefix_and_ext4(model: str) -> None:
     disk, env = machine()
@@ -111,7 +112,7 @@ def test_unsynced_overwrite_is_all_or_nothing_under_prefix_and_ext4(model: str) 
     assert outcomes(disk, model, "/f") == {b"hello", b"HEllo"}
 
 
-@pytest.mark.spec("A-5")
+@pytest.mark.spec("A-5", "M-2")
 def test_unsynced_append_outcomes_under_weakest_are_exactly_the_documented_ones() -> None:
     disk, env = machine()
     ino = durable_file(env, "/f", b"")
@@ -125,6 +126,7 @@ def test_unsynced_append_outcomes_under_weakest_are_exactly_the_documented_ones(
     }
 
 
+@pytest.mark.spec("M-5")
 def test_unsynced_append_under_ext4_is_lost_whole_or_zeros() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"")
@@ -132,6 +134,7 @@ def test_unsynced_append_under_ext4_is_lost_whole_or_zeros() -> None:
     assert outcomes(disk, "ext4_ordered", "/f") == {b"", b"\0\0\0", b"abc"}
 
 
+@pytest.mark.spec("M-6")
 def test_unsynced_append_under_prefix_is_lost_or_whole() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"")
@@ -139,7 +142,7 @@ def test_unsynced_append_under_prefix_is_lost_or_whole() -> None:
     assert outcomes(disk, "prefix", "/f") == {b"", b"abc"}
 
 
-@pytest.mark.spec("A-5")
+@pytest.mark.spec("A-5", "M-2")
 def test_weakest_tears_a_write_at_every_head_byte_and_at_its_last_byte() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"")
@@ -150,6 +153,7 @@ def test_weakest_tears_a_write_at_every_head_byte_and_at_its_last_byte() -> None
         assert data[:keep] in seen, keep
 
 
+@pytest.mark.spec("M-2")
 def test_weakest_damages_the_rest_of_the_sector_a_tear_falls_in() -> None:
     disk, env = machine()
     ino = durable_file(env, "/f", b"")
@@ -161,6 +165,7 @@ def test_weakest_damages_the_rest_of_the_sector_a_tear_falls_in() -> None:
     assert data[:50] + garbage.slice(50, 512) in seen  # tear inside: rest of sector damaged
 
 
+@pytest.mark.spec("M-2")
 def test_weakest_never_damages_bytes_outside_the_write() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"D" * 100)
@@ -171,7 +176,7 @@ def test_weakest_never_damages_bytes_outside_the_write() -> None:
         assert data is not None and data[:100] == b"D" * 100, str(state)
 
 
-@pytest.mark.spec("A-5")
+@pytest.mark.spec("A-5", "M-5")
 def test_appended_tail_may_read_back_as_zeros_under_ext4_as_on_real_ext4() -> None:
     # The "synced" file of the godown experiment: durable bytes, then an unsynced append.
     disk, env = machine()
@@ -181,6 +186,7 @@ def test_appended_tail_may_read_back_as_zeros_under_ext4_as_on_real_ext4() -> No
     assert b"SS\0\0\0\0" not in outcomes(disk, "prefix", "/synced")
 
 
+@pytest.mark.spec("M-5")
 def test_ext4_keeps_the_order_of_one_files_writes() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"")
@@ -203,6 +209,7 @@ def test_unsynced_truncate_is_lost_or_applied(model: str) -> None:
         assert outcomes(disk, model, "/f") == {b"hello", b"he"}
 
 
+@pytest.mark.spec("M-5")
 def test_replace_by_truncate_may_leave_zero_length_under_ext4() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"old data")
@@ -213,26 +220,28 @@ def test_replace_by_truncate_may_leave_zero_length_under_ext4() -> None:
 # ---------------------------------------------------------------------- names
 
 
-@pytest.mark.spec("A-4")
+@pytest.mark.spec("A-4", "M-3")
 def test_file_fsync_does_not_persist_its_name_under_weakest() -> None:
     disk, env = machine()
     write_file(env, "/f", b"data", fsync=True)
     assert outcomes(disk, "weakest", "/f") == {None, b"data"}
 
 
+@pytest.mark.spec("M-4")
 def test_any_fsync_commits_earlier_names_under_ext4() -> None:
     disk, env = machine()
     write_file(env, "/f", b"data", fsync=True)
     assert outcomes(disk, "ext4_ordered", "/f") == {b"data"}
 
 
+@pytest.mark.spec("M-6")
 def test_prefix_model_can_lose_an_unsynced_create_whose_data_was_fsynced() -> None:
     disk, env = machine()
     write_file(env, "/f", b"data", fsync=True)
     assert outcomes(disk, "prefix", "/f") == {None, b"data"}
 
 
-@pytest.mark.spec("A-4")
+@pytest.mark.spec("A-4", "M-1")
 @pytest.mark.parametrize("model", MODELS)
 def test_fsync_dir_persists_the_name_but_not_the_data(model: str) -> None:
     disk, env = machine()
@@ -242,6 +251,7 @@ def test_fsync_dir_persists_the_name_but_not_the_data(model: str) -> None:
     assert None not in seen and {b"", b"data"} <= seen
 
 
+@pytest.mark.spec("M-1")
 @pytest.mark.parametrize("model", MODELS)
 def test_create_write_fsync_and_fsync_dir_survive_under_every_model(model: str) -> None:
     disk, env = machine()
@@ -249,6 +259,7 @@ def test_create_write_fsync_and_fsync_dir_survive_under_every_model(model: str) 
     assert outcomes(disk, model, "/f") == {b"data"}
 
 
+@pytest.mark.spec("M-5")
 def test_rename_without_fsync_may_leave_a_zero_length_destination_under_ext4() -> None:
     # The "ren2" file of the godown experiment: written, renamed, never fsynced.
     disk, env = machine()
@@ -259,6 +270,7 @@ def test_rename_without_fsync_may_leave_a_zero_length_destination_under_ext4() -
     assert outcomes(disk, "ext4_ordered", "/dst") == {b"", b"\0\0\0", b"new"}
 
 
+@pytest.mark.spec("M-4")
 @pytest.mark.parametrize("model", ["ext4_ordered", "prefix"])
 def test_rename_is_atomic_under_ext4_and_prefix(model: str) -> None:
     disk, env = machine()
@@ -268,7 +280,7 @@ def test_rename_is_atomic_under_ext4_and_prefix(model: str) -> None:
     assert pairs(disk, model, "/src", "/dst") == {(b"new", b"old"), (None, b"new")}
 
 
-@pytest.mark.spec("A-5")
+@pytest.mark.spec("A-5", "M-3")
 def test_rename_is_not_atomic_under_weakest() -> None:
     disk, env = machine()
     durable_file(env, "/dst", b"old")
@@ -278,7 +290,7 @@ def test_rename_is_not_atomic_under_weakest() -> None:
         (src, dst) for src in (b"new", None) for dst in (b"old", None, b"new")}
 
 
-@pytest.mark.spec("A-5")
+@pytest.mark.spec("A-5", "M-3")
 def test_weakest_with_atomic_rename_may_lose_a_rename_but_never_split_it() -> None:
     disk, env = machine()
     durable_file(env, "/dst", b"old")
@@ -302,6 +314,7 @@ def test_rename_replaces_the_destination_atomically_for_running_observers() -> N
     assert sorted(env.listdir("/")) == ["dst"]
 
 
+@pytest.mark.spec("M-4")
 @pytest.mark.parametrize("model", ["ext4_ordered", "prefix"])
 def test_namespace_operations_persist_in_order_under_ext4_and_prefix(model: str) -> None:
     disk, env = machine()
@@ -311,7 +324,7 @@ def test_namespace_operations_persist_in_order_under_ext4_and_prefix(model: str)
     assert names(disk, model) == expected
 
 
-@pytest.mark.spec("A-5")
+@pytest.mark.spec("A-5", "M-3")
 def test_unsynced_creates_are_independent_under_weakest() -> None:
     disk, env = machine()
     write_file(env, "/a", b"")
@@ -328,7 +341,7 @@ def test_unlink_without_fsync_dir_may_be_undone(model: str) -> None:
     assert outcomes(disk, model, "/f") == {None, b"data"}
 
 
-@pytest.mark.spec("A-4")
+@pytest.mark.spec("A-4", "M-1")
 @pytest.mark.parametrize("model", MODELS)
 def test_unlink_then_fsync_dir_is_durable(model: str) -> None:
     disk, env = machine()
@@ -338,6 +351,7 @@ def test_unlink_then_fsync_dir_is_durable(model: str) -> None:
     assert outcomes(disk, model, "/f") == {None}
 
 
+@pytest.mark.spec("M-4")
 def test_a_later_fsync_of_another_file_commits_a_rename_under_ext4_only() -> None:
     # The "ren" file of the godown experiment: fsynced, renamed, then another file fsynced.
     disk, env = machine()
@@ -362,7 +376,7 @@ def test_mkdir_without_fsync_of_its_parent_may_lose_the_directory_and_its_files(
 # ---------------------------------------------------------------------- fsync errors (A-7)
 
 
-@pytest.mark.spec("A-7")
+@pytest.mark.spec("A-7", "M-9")
 @pytest.mark.parametrize("model", MODELS)
 def test_fsync_eio_then_a_retried_fsync_succeeds_and_the_data_is_lost(model: str) -> None:
     disk, env = machine()
@@ -378,7 +392,7 @@ def test_fsync_eio_then_a_retried_fsync_succeeds_and_the_data_is_lost(model: str
     assert outcomes(disk, model, "/f") == {b""}
 
 
-@pytest.mark.spec("A-7")
+@pytest.mark.spec("A-7", "M-9")
 def test_fsync_eio_is_reported_once_per_open_file_description() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"")
@@ -396,6 +410,7 @@ def test_fsync_eio_is_reported_once_per_open_file_description() -> None:
     env.fsync(late)
 
 
+@pytest.mark.spec("M-9")
 def test_fsync_eio_without_kept_cache_reverts_what_reads_return() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"old")
@@ -407,6 +422,7 @@ def test_fsync_eio_without_kept_cache_reverts_what_reads_return() -> None:
     assert env.pread(fd, 100, 0) == b"old\0\0\0\0"  # size kept, lost pages read as holes
 
 
+@pytest.mark.spec("M-10")
 def test_lying_fsync_reports_success_but_persists_nothing() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"")
@@ -418,7 +434,7 @@ def test_lying_fsync_reports_success_but_persists_nothing() -> None:
 # ---------------------------------------------------------------------- processes and locks
 
 
-@pytest.mark.spec("A-5")
+@pytest.mark.spec("A-5", "M-8")
 def test_process_kill_loses_nothing_the_kernel_accepted() -> None:
     disk, env = machine()
     write_file(env, "/f", b"unsynced")
@@ -445,7 +461,7 @@ def test_flock_conflicts_between_two_descriptions_of_one_process() -> None:
     assert env.flock_exclusive_nb(second)
 
 
-@pytest.mark.spec("A-8")
+@pytest.mark.spec("A-8", "M-8")
 def test_flock_is_released_when_the_holding_process_dies() -> None:
     disk, env = machine()
     write_file(env, "/lock", b"")
@@ -487,7 +503,7 @@ def test_an_unlinked_file_stays_usable_through_its_descriptor() -> None:
 # ---------------------------------------------------------------------- other faults
 
 
-@pytest.mark.spec("A-6")
+@pytest.mark.spec("A-6", "M-10")
 def test_short_write_returns_fewer_bytes_and_writes_only_those() -> None:
     disk, env = machine()
     disk.inject(FaultRule(op="write", fault=ShortWrite(3)))
@@ -497,6 +513,7 @@ def test_short_write_returns_fewer_bytes_and_writes_only_those() -> None:
     assert disk.read("/f") == b"0123456789"
 
 
+@pytest.mark.spec("M-10")
 def test_enospc_and_eio_faults_change_nothing() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"abc")
@@ -526,6 +543,7 @@ def test_crash_fault_kills_before_or_after_the_call() -> None:
     assert disk.read("/f") == b"one+three"
 
 
+@pytest.mark.spec("M-10")
 def test_bit_flip_and_zeroed_sector_at_rest_survive_power_loss() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"\x00" + b"A" * 1023)
@@ -538,6 +556,7 @@ def test_bit_flip_and_zeroed_sector_at_rest_survive_power_loss() -> None:
 # ---------------------------------------------------------------------- machine behaviour
 
 
+@pytest.mark.spec("M-14")
 def test_crash_during_recovery_is_just_another_power_loss() -> None:
     disk, env = machine()
     write_file(env, "/f", b"one")
@@ -562,6 +581,7 @@ def test_power_loss_refuses_a_state_enumerated_before_the_disk_changed() -> None
         disk.power_loss("prefix", state)
 
 
+@pytest.mark.spec("M-12")
 def test_random_power_loss_is_reproducible_from_its_seed() -> None:
     images = []
     for _ in range(2):
@@ -582,6 +602,7 @@ def test_enumerated_states_boot_independent_machines() -> None:
     assert disk.read("/f") == b"abc"  # enumeration changed nothing
 
 
+@pytest.mark.spec("M-12")
 def test_clock_moves_only_when_told_and_timers_fire_only_when_asked() -> None:
     disk, env = machine()
     t0, m0 = env.time(), env.monotonic()
@@ -619,6 +640,7 @@ def overwritten_blocks(n: int, block: int = 4) -> SimDisk:
     return disk
 
 
+@pytest.mark.spec("M-11")
 @pytest.mark.parametrize("n", range(7))
 def test_n_independent_unsynced_blocks_give_2_to_the_n_states_without_tears(n: int) -> None:
     disk = overwritten_blocks(n)
@@ -627,6 +649,7 @@ def test_n_independent_unsynced_blocks_give_2_to_the_n_states_without_tears(n: i
     assert len(list(disk.crash_states(no_tears, COMPLETE))) == 2 ** n
 
 
+@pytest.mark.spec("M-11")
 @pytest.mark.parametrize("n", range(1, 6))
 def test_n_unsynced_blocks_with_tears_add_seven_splits_per_block_in_two_contexts(n: int) -> None:
     # 4-byte blocks: torn after 1, 2, 3 bytes and damaged from byte 0..3 = 7 splits;
@@ -635,6 +658,7 @@ def test_n_unsynced_blocks_with_tears_add_seven_splits_per_block_in_two_contexts
     assert len(list(disk.crash_states("weakest", STRUCTURED))) == 2 ** n + 7 * (2 * n - 1)
 
 
+@pytest.mark.spec("M-11")
 @pytest.mark.parametrize("n", range(7))
 def test_n_unsynced_appends_give_states_with_zero_or_garbage_holes(n: int) -> None:
     disk, env = machine()
@@ -646,6 +670,7 @@ def test_n_unsynced_appends_give_states_with_zero_or_garbage_holes(n: int) -> No
     assert count == 2 ** (n + 1) - n - 1  # 2^n subsets, plus garbage for all but prefixes
 
 
+@pytest.mark.spec("M-11")
 def test_state_counts_of_a_three_operation_trace() -> None:
     # create f; write "abc"; rename f -> g (4 logged operations: link, write, link, unlink).
     disk, env = machine()
@@ -663,6 +688,7 @@ def test_state_counts_of_a_three_operation_trace() -> None:
                       "ext4_ordered": 1 + 2 * 3, "prefix": 4}
 
 
+@pytest.mark.spec("M-7")
 def test_weakest_variants_without_tears_or_split_renames_are_contained_in_weakest() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"xy")
@@ -716,6 +742,7 @@ def run_trace(env: SimEnv, trace: list[tuple[object, ...]]) -> None:
             pass
 
 
+@pytest.mark.spec("M-7")
 @settings(max_examples=max(20, settings().max_examples // 2))
 @given(st.lists(trace_ops, max_size=7))
 def test_ext4_ordered_and_prefix_allow_no_state_that_weakest_forbids(
