@@ -11,17 +11,36 @@ from deferq._errors import (
     StorageBrokenError,
     StorageClosedError,
 )
+from deferq._operator import Operator, Retried
+from deferq._queue import Queue
+from deferq._queue_parts import Backpressure, Clock, PushTimeout, SystemClock, UnloadableTaskError
+from deferq._serialize import ContextError, SerializationError
+from deferq._task import Task, TaskFunction, TaskRegistry, task
 from deferq._types import DeadTask, PendingTask
 
 __all__ = [
+    "Backpressure",
+    "Clock",
     "Config",
+    "ContextError",
     "DeadTask",
     "DeadTasksLockTimeout",
     "DeferqError",
     "DiskOptions",
     "LimitExceededError",
+    "Operator",
     "PendingTask",
+    "PushTimeout",
+    "Queue",
+    "Retried",
+    "SerializationError",
     "StorageBrokenError",
     "StorageClosedError",
+    "SystemClock",
+    "Task",
+    "TaskFunction",
+    "TaskRegistry",
+    "UnloadableTaskError",
+    "task",
 ]
 __version__ = "0.1.0"

@@ -96,10 +96,14 @@ def encode_context(context: Context) -> bytes:
         raise SerializationError(f"an argument is not valid Unicode text: {exc.reason}") from None
 
 
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def peek_task_name(data: bytes) -> str | None:
     """The ``task`` field of a context if it can be read at all, else None (for reports)."""
     try:
-        record = json.loads(data)
+        record = json.loads(bytes(data).decode("utf-8"), parse_constant=_no_constant)
     except (ValueError, RecursionError):
         return None
     if isinstance(record, dict):
@@ -112,9 +116,11 @@ def peek_task_name(data: bytes) -> str | None:
 def decode_context(data: bytes) -> Context:
     """Parse a stored context; raise ContextError naming what is wrong."""
     try:
-        record = json.loads(data)
+        text = bytes(data).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ContextError(f"context is not UTF-8 text: {exc.reason}") from None
+    try:
+        record = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise ContextError("context JSON is nested too deeply") from None
     except ValueError as exc:

@@ -25,7 +25,7 @@ import math
 import random
 import types
 from collections.abc import Callable
-from typing import ClassVar, Final, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, ClassVar, Final, Generic, ParamSpec, TypeVar, overload
 
 log = logging.getLogger("deferq.queue")
 
@@ -117,9 +117,11 @@ class Task:
         cls.task_name = name if name is not None else f"{cls.__module__}.{cls.__qualname__}"
         (REGISTRY if registry is None else registry).register(cls, cls.task_name)
 
-    def perform(self, *args: object, **kwargs: object) -> object:
-        """The task's work. A raised exception is a failed execution."""
-        raise NotImplementedError(f"{type(self).__qualname__} must define perform()")
+    if not TYPE_CHECKING:  # declared for readers only: subclasses choose their own signature
+
+        def perform(self, *args: object, **kwargs: object) -> object:
+            """The task's work. A raised exception is a failed execution."""
+            raise NotImplementedError(f"{type(self).__qualname__} must define perform()")
 
     def retry_interval(self, exception: BaseException, attempt: int) -> object:
         """Seconds until the next execution after failure number ``attempt``, or None/False
