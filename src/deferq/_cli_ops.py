@@ -33,6 +33,7 @@ from deferq._options import check_path, check_prefix
 from deferq._osenv import OS_ENV
 from deferq._serialize import ContextError, decode_context
 from deferq._types import DeadTask
+from deferq._verify import verify_directory
 from deferq.backends import Disk
 
 NOT_FOUND_STATUS = 3
@@ -274,6 +275,29 @@ def _filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exception-class", help="only dead tasks of this exception class (exact)")
 
 
+EXIT_DAMAGED = 4
+
+
+def verify(args: argparse.Namespace) -> int:
+    """``deferq verify``: report records and damage per file (Q-17)."""
+    path, prefix = _storage(args)
+    reports = verify_directory(OS_ENV, path, prefix)
+    if args.json:
+        print(json.dumps([{"file": r.name, "kind": r.kind, "bytes": r.size_bytes,
+                           "records": r.records, "faults": r.faults,
+                           "torn_tail_bytes": r.torn_tail_bytes} for r in reports], indent=2))
+    else:
+        for r in reports:
+            faults = ", ".join(f"{label} x{n}" for label, n in sorted(r.faults.items())) or "none"
+            torn = f" (torn tail {r.torn_tail_bytes} bytes)" if r.torn_tail_bytes else ""
+            print(f"{r.kind:<4} {r.name}: {r.size_bytes} bytes, {r.records} records, "
+                  f"damage: {faults}{torn}")
+    damaged = [r for r in reports if r.damaged]
+    print(f"verify: files={len(reports)} records={sum(r.records for r in reports)} "
+          f"damaged_files={len(damaged)}")
+    return EXIT_DAMAGED if damaged else 0
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``dead``, ``pending`` and ``stats`` to the ``deferq`` command."""
     common = _storage_options()
@@ -312,6 +336,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo.add_argument("--path", default="deferq-queue-demo",
                       help="storage directory (created; default %(default)s)")
     demo.set_defaults(handler=_queue_demo)
+
+    check = sub.add_parser("verify", parents=[common],
+                           help="scan every file read-only; exit 4 when any line is damaged")
+    check.add_argument("--json", action="store_true", help="print JSON")
+    check.set_defaults(handler=verify)
 
     stat = sub.add_parser("stats", parents=[common], help="counts of pending and dead tasks")
     stat.add_argument("--json", action="store_true", help="print JSON")
