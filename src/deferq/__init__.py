@@ -14,7 +14,7 @@ from deferq._errors import (
 from deferq._operator import Operator, Retried
 from deferq._queue import Queue
 from deferq._queue_parts import Backpressure, Clock, PushTimeout, SystemClock, UnloadableTaskError
-from deferq._serialize import ContextError, SerializationError
+from deferq._serialize import ContextCodec, ContextError, SerializationError
 from deferq._task import Task, TaskFunction, TaskRegistry, task
 from deferq._types import DeadTask, PendingTask
 
@@ -22,6 +22,7 @@ __all__ = [
     "Backpressure",
     "Clock",
     "Config",
+    "ContextCodec",
     "ContextError",
     "DeadTask",
     "DeadTasksLockTimeout",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 from collections.abc import Iterable
 
@@ -31,7 +32,7 @@ from deferq._limits import DEFAULT_PATH, DEFAULT_PREFIX
 from deferq._operator import Operator, dead_stats, scan_pending
 from deferq._options import check_path, check_prefix
 from deferq._osenv import OS_ENV
-from deferq._serialize import ContextError, decode_context
+from deferq._serialize import JSON_CODEC, ContextCodec, ContextError, decode_context
 from deferq._types import DeadTask
 from deferq._verify import verify_directory
 from deferq.backends import Disk
@@ -163,6 +164,17 @@ def _dry_run(operator: Operator, ids: list[str], verb: str) -> int:
     return 0 if len(found) == len(ids) else NOT_FOUND_STATUS
 
 
+def _codec(args: argparse.Namespace) -> ContextCodec:
+    """The pickle key comes from an environment variable, never from the command line (Q-19)."""
+    name = getattr(args, "pickle_key_env", None)
+    if name is None:
+        return JSON_CODEC
+    key = os.environ.get(name)
+    if not key:
+        raise ValueError(f"environment variable {name} (--pickle-key-env) is not set")
+    return ContextCodec(pickle_key=key.encode("utf-8"), use_pickle=True)
+
+
 def dead_retry(args: argparse.Namespace) -> int:
     path, prefix = _storage(args)
     view = DeadStoreView(path, prefix)
@@ -177,8 +189,9 @@ def dead_retry(args: argparse.Namespace) -> int:
     if not ids:
         print("retried 0 dead task(s)")
         return 0
+    codec = _codec(args)
     with Disk(path=path, prefix=prefix, fsync_frequency=0) as disk:
-        retried, missing = Operator(disk, disk).retry_dead(ids)
+        retried, missing = Operator(disk, disk, codec=codec).retry_dead(ids)
     for item in retried:
         print(f"retried {item.old_id} as {item.new_id}")
     for task_id in missing:
@@ -323,6 +336,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         bulk.add_argument("--all", action="store_true", help="every dead task the filters select")
         _filters(bulk)
         bulk.add_argument("--dry-run", action="store_true", help="show the selection, change nothing")
+        if name == "retry":
+            bulk.add_argument("--pickle-key-env", metavar="VAR",
+                              help="read the HMAC key of pickled contexts from this environment "
+                                   "variable (to reset their attempts)")
         bulk.set_defaults(handler=handler)
 
     pending = sub.add_parser("pending", help="inspect pending tasks in WAL files")

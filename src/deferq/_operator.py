@@ -26,7 +26,7 @@ from deferq._env import Env, OpenFlag
 from deferq._format import WalAdd, decode_wal_line, is_wal_file_name
 from deferq._io import join, lines_forward
 from deferq._recovery import WalReplay
-from deferq._serialize import ContextError, decode_context, encode_context
+from deferq._serialize import JSON_CODEC, ContextCodec, ContextError
 from deferq._types import DeadTask, PendingTask
 
 
@@ -58,11 +58,11 @@ class Retried:
     context: bytes
 
 
-def reset_attempts(context: bytes) -> bytes:
+def reset_attempts(context: bytes, codec: ContextCodec = JSON_CODEC) -> bytes:
     """The context with attempts 0; an undecodable context is returned unchanged (the
     queue will dead-letter it again, with the reason, when it replays it)."""
     try:
-        return encode_context(decode_context(context).with_attempts(0))
+        return codec.encode(codec.decode(context).with_attempts(0))
     except (ContextError, TypeError):
         return context
 
@@ -70,9 +70,11 @@ def reset_attempts(context: bytes) -> bytes:
 class Operator:
     """Dead-task operations over a backend; ``wal`` is needed only by ``retry``."""
 
-    def __init__(self, dead: DeadBackend, wal: WalBackend | None = None) -> None:
+    def __init__(self, dead: DeadBackend, wal: WalBackend | None = None, *,
+                 codec: ContextCodec = JSON_CODEC) -> None:
         self._dead = dead
         self._wal = wal
+        self._codec = codec
 
     def list_dead(self, *, limit: int | None = None, offset: int = 0, task_class: str | None = None,
              exception_class: str | None = None) -> list[DeadTask]:
@@ -105,7 +107,7 @@ class Operator:
             return [], missing
         retried = []
         for dead in found:
-            context = reset_attempts(dead.context)
+            context = reset_attempts(dead.context, self._codec)
             retried.append(Retried(dead.id, self._wal.add_task(context), context))
         self._wal.sync()
         self._dead.remove_dead_tasks([dead.id for dead in found])

@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from typing import Final
 
 from deferq._operator import Operator, Retried
-from deferq._serialize import Context, ContextError, decode_context, encode_context, peek_task_name
+from deferq._serialize import JSON_CODEC, Context, ContextCodec, ContextError
 from deferq._queue_parts import (
     BACKPRESSURE_SLEEP_S,
     Backpressure,
@@ -75,13 +75,15 @@ class Queue:
 
     def __init__(self, backend: QueueBackend, *, registry: TaskRegistry | None = None,
                  backpressure: Backpressure | None = None, clock: Clock | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, codec: ContextCodec | None = None) -> None:
         self.backend = backend
+        # Q-18/Q-19: JSON unless the application opts into authenticated pickles.
+        self.codec = JSON_CODEC if codec is None else codec
         self.registry = REGISTRY if registry is None else registry
         self.backpressure = backpressure
         self.clock: Clock = SystemClock() if clock is None else clock
         self.rng = random.Random() if rng is None else rng
-        self.operator = Operator(backend, backend)
+        self.operator = Operator(backend, backend, codec=self.codec)
         self._state = _State.NEW
         self._loop: asyncio.AbstractEventLoop | None = None
         self._backlog = 0  # immediate tasks scheduled, not yet picked up
@@ -191,7 +193,7 @@ class Queue:
         if self.registry.get(cls.task_name) is not cls:
             raise ValueError(f"task {cls.task_name!r} is not registered in this queue's registry")
         context = Context(cls.task_name, args, kwargs, 0)
-        return encode_context(context), context, cls
+        return self.codec.encode(context), context, cls
 
     def _timing(self, delay: object, delay_until: object) -> tuple[int | None, int | None]:
         """(publish_at, publish_in) as in the reference: None, None for immediate."""
@@ -309,7 +311,7 @@ class Queue:
                       instance: Task | None, exc: Exception) -> None:
         attempts = context.attempts + 1
         retried = context.with_attempts(attempts)
-        data = encode_context(retried)
+        data = self.codec.encode(retried)
         if instance is None:
             instance = object.__new__(cls)
             instance.rng = self.rng
@@ -348,7 +350,7 @@ class Queue:
     # ------------------------------------------------------------------ replay
     async def _replay(self, pending: PendingTask, now: int) -> None:
         try:
-            context = decode_context(pending.context)
+            context = self.codec.decode(pending.context)
             cls = self.registry.get(context.task)
             if cls is None:
                 raise ContextError(f"task {context.task!r} is not registered")
@@ -361,9 +363,9 @@ class Queue:
     async def _dead_letter_unloadable(self, pending: PendingTask, reason: str) -> None:
         log.error("Failed to load deferred task %s: %s. Moving it to the dead-task store.",
                   pending.task_id, reason)
-        name = peek_task_name(pending.context) or UNKNOWN_TASK_CLASS
+        name = self.codec.peek_task_name(pending.context) or UNKNOWN_TASK_CLASS
         try:
-            attempts = decode_context(pending.context).attempts
+            attempts = self.codec.decode(pending.context).attempts
         except ContextError:
             attempts = 0
         error = UnloadableTaskError(f"cannot load the task: {reason}")
@@ -388,7 +390,7 @@ class Queue:
             if item.new_id is None:
                 continue
             try:
-                context = decode_context(item.context)
+                context = self.codec.decode(item.context)
             except ContextError as reason:
                 await self._dead_letter_unloadable(
                     PendingTask(item.new_id, item.context, None), str(reason))

@@ -1,6 +1,6 @@
 """The task context record: what the queue gives the backend as a task's opaque bytes (spec/queue.md).
 
-Rules (Q-5, Q-6):
+Rules (Q-5, Q-6; pickle: Q-18, Q-19 at the end of this module):
 - A context is one line of UTF-8 JSON, an object with exactly the keys
   ``v`` (record version, 1), ``task`` (the registered task name), ``args``
   (a list), ``kwargs`` (an object) and ``attempts`` (failed executions so far,
@@ -18,8 +18,11 @@ Rules (Q-5, Q-6):
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
+import pickle
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -143,3 +146,86 @@ def decode_context(data: bytes) -> Context:
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
         raise ContextError(f"context field 'attempts' is {attempts!r}, not an int >= 0")
     return Context(task=task, args=tuple(args), kwargs=dict(kwargs), attempts=attempts)
+
+
+# ----------------------------------------------------------------------------- codecs (Q-18, Q-19)
+
+PICKLE_MAGIC: Final = b"deferq-pickle-1:"
+PICKLE_KEY_BYTES_MIN: Final = 16
+_TAG_HEX_BYTES: Final = 64
+
+
+class ContextCodec:
+    """Turns contexts into the backend's opaque bytes and back (Q-18, Q-19).
+
+    The default writes JSON (``encode_context``) and reads only JSON: a pickled
+    context is refused, because unpickling runs code. With ``pickle_key`` set,
+    ``use_pickle=True`` writes pickles sealed with HMAC-SHA256 under that key,
+    and both JSON and sealed pickles are read; a pickle whose tag does not
+    verify is refused before ``pickle.loads`` sees a byte. Envelope:
+    ``deferq-pickle-1:`` + 64 lowercase hex digits of the tag + ``:`` + the
+    pickle, the tag covering the magic and the pickle.
+    """
+
+    def __init__(self, *, pickle_key: bytes | None = None, use_pickle: bool = False) -> None:
+        if pickle_key is not None:
+            if not isinstance(pickle_key, bytes) or len(pickle_key) < PICKLE_KEY_BYTES_MIN:
+                raise ValueError(f"pickle_key must be bytes of at least {PICKLE_KEY_BYTES_MIN} "
+                                 "bytes (a secret from configuration)")
+        if use_pickle and pickle_key is None:
+            raise ValueError("use_pickle=True needs a pickle_key: pickled contexts are always "
+                             "authenticated")
+        self._key = pickle_key
+        self.use_pickle = use_pickle
+
+    def _tag(self, body: bytes) -> bytes:
+        assert self._key is not None
+        return hmac.new(self._key, PICKLE_MAGIC + body, hashlib.sha256).hexdigest().encode()
+
+    def encode(self, context: Context) -> bytes:
+        """Bytes for the backend; raises SerializationError for arguments that cannot be stored."""
+        if not self.use_pickle:
+            return encode_context(context)
+        record = (CONTEXT_VERSION, context.task, tuple(context.args), dict(context.kwargs),
+                  context.attempts)
+        try:
+            body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - pickling can fail with any exception
+            raise SerializationError(f"arguments cannot be pickled: {exc}") from None
+        return PICKLE_MAGIC + self._tag(body) + b":" + body
+
+    def decode(self, data: bytes) -> Context:
+        """A context from the backend's bytes; raises ContextError naming what is wrong."""
+        data = bytes(data)
+        if not data.startswith(PICKLE_MAGIC):
+            return decode_context(data)
+        if self._key is None:
+            raise ContextError("context is pickled but no pickle key is configured; refusing to "
+                               "unpickle it")
+        rest = data[len(PICKLE_MAGIC):]
+        tag, sep, body = rest[:_TAG_HEX_BYTES], rest[_TAG_HEX_BYTES:_TAG_HEX_BYTES + 1], \
+            rest[_TAG_HEX_BYTES + 1:]
+        if sep != b":" or not hmac.compare_digest(tag, self._tag(body)):
+            raise ContextError("pickled context failed authentication (HMAC tag does not verify)")
+        try:
+            record = pickle.loads(body)
+        except Exception as exc:  # noqa: BLE001 - an authenticated pickle may still not load
+            raise ContextError(f"pickled context does not load: {type(exc).__name__}: {exc}"
+                               ) from None
+        if not (isinstance(record, tuple) and len(record) == 5 and record[0] == CONTEXT_VERSION
+                and isinstance(record[1], str) and record[1] and isinstance(record[2], tuple)
+                and isinstance(record[3], dict) and type(record[4]) is int and record[4] >= 0):
+            raise ContextError("pickled context is not a deferq task record")
+        return Context(task=record[1], args=record[2], kwargs=dict(record[3]), attempts=record[4])
+
+    def peek_task_name(self, data: bytes) -> str | None:
+        """The task name if it can be read without running untrusted code, else None."""
+        if bytes(data).startswith(PICKLE_MAGIC):
+            try:
+                return self.decode(data).task
+            except ContextError:
+                return None
+        return peek_task_name(data)
+
+
+JSON_CODEC: Final = ContextCodec()
