@@ -100,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     the exit status. This keeps one module per job (STYLE.md rule 3).
     """
     parser = argparse.ArgumentParser(prog="deferq", description=__doc__)
+    # Global storage options; the operator subcommands accept them after their name too.
+    parser.add_argument("--path", default=argparse.SUPPRESS,
+                        help="storage directory (default storage)")
+    parser.add_argument("--prefix", default=argparse.SUPPRESS,
+                        help="file name prefix (default deferred-)")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
     for module_name in _AREAS:

@@ -64,7 +64,8 @@ class DeadStoreView:
 
 
 def _storage(args: argparse.Namespace) -> tuple[str, str]:
-    return check_path(args.path), check_prefix(args.prefix)
+    return (check_path(getattr(args, "path", DEFAULT_PATH)),
+            check_prefix(getattr(args, "prefix", DEFAULT_PREFIX)))
 
 
 def _when(epoch: int) -> str:
@@ -268,11 +269,13 @@ def _queue_demo(args: argparse.Namespace) -> int:
 
 
 def _storage_options() -> argparse.ArgumentParser:
+    # SUPPRESS: the options may also come before the subcommand (``deferq --path P dead
+    # list``, added by _cli.build_parser); a default here would overwrite that value.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--path", default=DEFAULT_PATH,
-                        help="storage directory (default %(default)s)")
-    common.add_argument("--prefix", default=DEFAULT_PREFIX,
-                        help="file name prefix (default %(default)s)")
+    common.add_argument("--path", default=argparse.SUPPRESS,
+                        help=f"storage directory (default {DEFAULT_PATH})")
+    common.add_argument("--prefix", default=argparse.SUPPRESS,
+                        help=f"file name prefix (default {DEFAULT_PREFIX})")
     return common
 
 

@@ -71,3 +71,16 @@ def test_verify_of_a_missing_directory_is_an_error_and_creates_nothing(tmp_path:
     missing = tmp_path / "nope"
     assert main(["verify", "--path", str(missing)]) == 1
     assert not missing.exists()
+
+
+@pytest.mark.spec("Q-16")
+def test_storage_options_work_before_and_after_the_subcommand(
+        storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    populate(storage)
+    assert main(["--path", str(storage), "dead", "list"]) == 0
+    before = capsys.readouterr().out
+    assert main(["dead", "list", "--path", str(storage)]) == 0
+    assert capsys.readouterr().out == before
+    assert "dead-1" in before
+    assert main(["--path", str(storage), "--prefix", "other-", "verify"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "verify: files=0 records=0 damaged_files=0"
