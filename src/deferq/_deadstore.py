@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from deferq._env import Env, OpenFlag
 from deferq._errors import DeadTasksLockTimeout, StorageBrokenError, StorageClosedError
 from deferq._format import (
-    HEADER_BYTES,
     BadLine,
+    DeadLine,
     dead_data_name,
     dead_lock_name,
     dead_tmp_name,
@@ -34,6 +34,7 @@ from deferq._format import (
     encode_dead,
 )
 from deferq._io import join, lines_backward, lines_forward, repair_tail, write_all
+from deferq._recovery import RawLine, strip_nul_damage
 from deferq._limits import FILE_MODE, LOCK_ATTEMPTS_MAX, WRITE_BATCH_BYTES, lock_sleep_s
 from deferq._types import DeadTask
 
@@ -57,6 +58,17 @@ def ancestors(path: str) -> list[str]:
         out.append(path)
         if path in ("/", "."):
             return out
+
+
+def _dead_line(raw: RawLine) -> tuple[DeadLine | None, bytes | None, int]:
+    """One line's framed record, its bytes (after any R-@K hole) and its damage count."""
+    if raw.data is None or not raw.complete:
+        return None, None, 1
+    data, holed = strip_nul_damage(raw.data)
+    framed = decode_dead_line(data) if data else None
+    if framed is None or isinstance(framed, BadLine):
+        return None, None, 1 + int(holed and bool(data))
+    return framed, data, int(holed)
 
 
 class DeadTaskStore:
@@ -222,15 +234,11 @@ class DeadTaskStore:
             try:
                 for raw in lines_backward(env, fd, env.fstat(fd).size):
                     if wanted_prefix is not None and (
-                            raw.data is None
-                            or not raw.data.startswith(wanted_prefix, HEADER_BYTES)):
+                            raw.data is None or wanted_prefix not in raw.data):
                         continue
-                    if raw.data is None or not raw.complete:
-                        corrupt += 1
-                        continue
-                    framed = decode_dead_line(raw.data)
-                    if isinstance(framed, BadLine):
-                        corrupt += 1
+                    framed, _, faults = _dead_line(raw)
+                    corrupt += faults
+                    if framed is None:
                         continue
                     if framed.task_id in seen or (only_id is not None and framed.task_id != only_id):
                         continue
@@ -292,17 +300,15 @@ class DeadTaskStore:
         dropped = 0
         try:
             for raw in lines_forward(env, fd, env.fstat(fd).size):
-                framed = decode_dead_line(raw.data) if raw.data is not None and raw.complete \
-                    else None
-                if framed is None or isinstance(framed, BadLine):
-                    dropped += 1  # Damage is dropped by compaction (R-@B..R-@F).
+                framed, data, faults = _dead_line(raw)
+                dropped += faults  # Damage is dropped by compaction (R-@B..R-@F, R-@K).
+                if framed is None or data is None:
                     continue
                 if framed.task_id in task_ids:
                     found.add(framed.task_id)
                     continue
-                assert raw.data is not None
-                batch.append(raw.data + b"\n")
-                batch_bytes += len(raw.data) + 1
+                batch.append(data + b"\n")
+                batch_bytes += len(data) + 1
                 if batch_bytes >= WRITE_BATCH_BYTES:
                     write_all(env, tmp_fd, b"".join(batch))
                     batch, batch_bytes = [], 0

@@ -64,6 +64,7 @@ class LineFault(enum.Enum):
     OVERLONG = "R-@E"
     TORN_TAIL = "R-@F"
     BAD_DEAD_PAYLOAD = "R-@G"
+    NUL_HOLE = "R-@K"
 
 
 @dataclass(frozen=True, slots=True)

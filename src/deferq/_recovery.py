@@ -51,6 +51,10 @@ RECOVERY_TABLE: Final = (
          "keep; compaction removes all on remove"),
     Rule("R-@I", "WAL rem of an id that is not pending", "no-op", "n/a", "keep"),
     Rule("R-@J", "WAL add of an id already pending", "replace, keep position", "n/a", "keep"),
+    Rule("R-@K", "complete line containing NUL bytes (a zero-filled hole before a record)",
+         "count, read the bytes after the last NUL as the line",
+         "count, read the bytes after the last NUL as the line",
+         "compaction keeps only the bytes after the last NUL, if valid"),
 )
 
 
@@ -175,6 +179,21 @@ class BackwardLines:
         return list(self._emit(0)) if (self._carry_bytes or not self._at_tail) else []
 
 
+def strip_nul_damage(data: bytes) -> tuple[bytes, bool]:
+    """Split off a zero-filled hole glued in front of a line (R-@K).
+
+    No valid record contains a NUL byte (F-4, F-5), so everything up to the
+    last NUL is damage: typically the zeros a power loss leaves where data
+    was never written (A-5, A-7) in front of a record written after it.
+    Returns the rest and whether anything was cut.
+
+    post: __return__[1] == (bytes([0]) in data)
+    post: bytes([0]) not in __return__[0] and data.endswith(__return__[0])
+    """
+    index = data.rfind(b"\0")
+    return (data, False) if index < 0 else (data[index + 1:], True)
+
+
 def tail_cut(chunk: bytes, chunk_offset: int) -> int | None:
     """Where tail repair truncates, given a chunk that ends at the file's end (R-@F).
 
@@ -204,26 +223,31 @@ class WalReplay:
     seed_max: int = 0
     records: int = 0
 
-    def apply(self, raw: RawLine) -> bool:
-        """Apply one line; return True when it was a valid record (and may be copied)."""
+    def apply(self, raw: RawLine) -> bytes | None:
+        """Apply one line; return the valid record's bytes (to copy), or None for damage."""
         if raw.data is None:
             self._fault(LineFault.OVERLONG if raw.complete else LineFault.TORN_TAIL)
-            return False
+            return None
         if not raw.complete:
             self._fault(LineFault.TORN_TAIL)
-            return False
-        record = decode_wal_line(raw.data)
+            return None
+        data, holed = strip_nul_damage(raw.data)
+        if holed:
+            self._fault(LineFault.NUL_HOLE)  # R-@K: the rest may still be a valid record.
+            if not data:
+                return None
+        record = decode_wal_line(data)
         if isinstance(record, BadLine):
             self._fault(record.fault)
-            return False
+            return None
         self.records += 1
         self.seed_max = max(self.seed_max, id_seed(record.task_id))
         if isinstance(record, WalAdd):
-            self.live[record.task_id] = LiveTask(record.publish_at, raw.data + b"\n")
+            self.live[record.task_id] = LiveTask(record.publish_at, data + b"\n")
         else:
             assert isinstance(record, WalRem)
             self.live.pop(record.task_id, None)
-        return True
+        return data
 
     def _fault(self, fault: LineFault) -> None:
         self.faults[fault] = self.faults.get(fault, 0) + 1

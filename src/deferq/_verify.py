@@ -24,6 +24,7 @@ from deferq._format import (
     is_wal_file_name,
 )
 from deferq._io import join, lines_forward
+from deferq._recovery import strip_nul_damage
 
 
 @dataclass(slots=True)
@@ -63,13 +64,18 @@ def verify_file(env: Env, path: str, name: str, kind: str) -> FileReport | None:
             if raw.data is None:
                 _fault(report, LineFault.OVERLONG)
                 continue
+            data, holed = strip_nul_damage(raw.data)
+            if holed:
+                _fault(report, LineFault.NUL_HOLE)
+                if not data:
+                    continue
             if kind == "wal":
-                record = decode_wal_line(raw.data)
+                record = decode_wal_line(data)
                 if isinstance(record, BadLine):
                     _fault(report, record.fault)
                     continue
             else:
-                framed = decode_dead_line(raw.data)
+                framed = decode_dead_line(data)
                 if isinstance(framed, BadLine):
                     _fault(report, framed.fault)
                     continue

@@ -180,10 +180,10 @@ class TasksWal:
         batch_bytes = 0
         for _, fd in orphans:
             for raw in lines_forward(env, fd, env.fstat(fd).size):
-                if replay.apply(raw):
-                    assert raw.data is not None
-                    batch.append(raw.data + b"\n")
-                    batch_bytes += len(raw.data) + 1
+                valid = replay.apply(raw)
+                if valid:
+                    batch.append(valid + b"\n")
+                    batch_bytes += len(valid) + 1
                     if batch_bytes >= WRITE_BATCH_BYTES:
                         write_all(env, self._fd, b"".join(batch))
                         batch, batch_bytes = [], 0

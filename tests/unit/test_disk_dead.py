@@ -903,3 +903,25 @@ def test_offset_skips_ids_without_decoding_and_bad_payloads_count_toward_it(stor
         assert [t.id for t in disk.list_dead_tasks(offset=1, limit=1)] == ["b"]
         assert [t.id for t in disk.list_dead_tasks(offset=2)] == ["b", "a"]
         assert [t.id for t in disk.list_dead_tasks(offset=3)] == ["a"]
+
+
+
+@pytest.mark.spec("R-@K", "D-5", "S-6")
+def test_a_dead_task_after_a_zero_filled_hole_is_listed_found_and_kept_by_compaction(
+        storage: Path) -> None:
+    def dead(name: str) -> bytes:
+        return encode_dead(DeadTask(id=name, task_class="T", attempts=1, enqueued_at=0,
+                                    failed_at=0, exception_class="E", exception_message=name,
+                                    backtrace=(), context=b""))
+
+    storage.mkdir()
+    data = storage / "deferred-dead_tasks-0"
+    # What a power loss leaves when a write's pages were dropped but its size was kept, and a
+    # later writer appended and fsynced after them: a hole glued to the next record.
+    data.write_bytes(dead("a") + b"\0" * 40 + dead("b"))
+    with Disk(path=storage, fsync_frequency=0) as disk:
+        assert [t.id for t in disk.list_dead_tasks()] == ["b", "a"]
+        assert disk.find_dead_task("b") is not None
+        disk.add_dead_task("c", b"", RuntimeError("c"), task_class="T", attempts=1)
+        assert disk.remove_dead_tasks("c") == 1
+        assert data.read_bytes() == dead("a") + dead("b")  # compaction kept b, not the hole

@@ -175,7 +175,7 @@ def test_tail_cut_is_just_after_the_last_newline_of_the_chunk(
 
 
 def test_recovery_table_has_the_labels_of_the_spec_in_order() -> None:
-    assert [rule.label for rule in RECOVERY_TABLE] == [f"R-@{c}" for c in "ABCDEFGHIJ"]
+    assert [rule.label for rule in RECOVERY_TABLE] == [f"R-@{c}" for c in "ABCDEFGHIJK"]
     labels = {rule.label for rule in RECOVERY_TABLE}
     assert {fault.value for fault in LineFault} <= labels
 
@@ -257,7 +257,7 @@ def test_faults_are_counted_by_kind_and_skipped() -> None:
         RawLine(0, encode_add("b", None, b"")[:-1]),
         RawLine(0, encode_add("t", None, b"")[:-1], complete=False),  # R-@F
     ]
-    results = [state.apply(raw) for raw in lines]
+    results = [state.apply(raw) is not None for raw in lines]
     assert results == [True, False, False, False, False, False, False, True, False]
     assert state.faults == {
         LineFault.BAD_HEADER: 2, LineFault.CRC_MISMATCH: 1, LineFault.BAD_BODY: 2,
@@ -288,3 +288,14 @@ def test_a_damaged_record_does_not_hide_the_records_around_it() -> None:
     state = replay(data)
     assert [task_id for task_id, _ in pending(state)] == ["a", "c"]
     assert state.corrupt == 1
+
+
+@pytest.mark.spec("R-@K", "D-5")
+def test_a_zero_filled_hole_glued_before_a_record_is_cut_and_the_record_is_read() -> None:
+    state = WalReplay()
+    record = encode_add("a", None, b"x")[:-1]
+    assert state.apply(RawLine(0, b"\0" * 23 + record)) == record
+    assert state.apply(RawLine(0, b"\0" * 5)) is None  # a hole and nothing after it
+    assert state.apply(RawLine(0, b"junk\0" + b"not a record")) is None  # hole, then R-@B
+    assert state.faults == {LineFault.NUL_HOLE: 3, LineFault.BAD_HEADER: 1}
+    assert pending(state) == [("a", None)]

@@ -1,0 +1,35 @@
+"""Engine bugs found by the crash exploration, kept as strict xfail reproductions.
+
+Goal: pin each bug the exploration found (``deferq crash-test --max-ops 3``) to a
+minimal, deterministic reproduction, so the fix can be verified and the xfail removed
+(``strict=True``: a fixed bug makes this module fail until its marker is dropped).
+Method: drive ``Disk`` on a ``SimDisk`` by hand through the failing sequence, then boot
+the durable image (a power loss that keeps nothing unsynced) and read what a fresh
+worker recovers.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from deferq._errors import StorageBrokenError
+from deferq.backends import Disk
+from deferq.testing import FaultRule, FsyncEio, SimDisk
+
+
+@pytest.mark.spec("D-1", "D-5", "R-@K")
+def test_add_acknowledged_after_adopting_a_wal_whose_fsync_failed_survives_power_loss() -> None:
+    disk = SimDisk(0)
+    first = Disk(path="/s", fsync_frequency=0, env=disk.process())
+    disk.inject(FaultRule(op="fsync", fault=FsyncEio(), path="/s/deferred-0-*"))
+    with pytest.raises(StorageBrokenError):
+        first.add_task(b"a", task_id="t1")  # the fsync fails; its pages are dropped (A-7)
+    first.close()  # W-12: the broken WAL closes without an fsync
+    second = Disk(path="/s", fsync_frequency=0, env=disk.process())  # adopts the WAL
+    assert [t.task_id for t in second.pending_tasks()] == ["t1"]  # from the page cache only
+    second.add_task(b"b", task_id="t2")  # returns: written and fsynced, so D-1 applies
+    rebooted = SimDisk(0, image=disk.durable_image())  # power loss: only what is durable
+    third = Disk(path="/s", fsync_frequency=0, env=rebooted.process())
+    # The durable WAL is 23 NUL bytes (t1's dropped line, size kept) followed by t2's line:
+    # the reader cuts the line at its last NUL (R-@K), so t2 survives.
+    assert "t2" in [t.task_id for t in third.pending_tasks()]
