@@ -71,6 +71,11 @@ def _dead_line(raw: RawLine) -> tuple[DeadLine | None, bytes | None, int]:
     return framed, data, int(holed)
 
 
+# The lock file holds no data; its size says whether a compaction's rename may not be
+# durable yet (S-9): 0 = settled, COMPACTION_MARK_BYTES = a rename is in flight.
+COMPACTION_MARK_BYTES = 1
+
+
 class DeadTaskStore:
     """The shared dead-task store of one storage directory and prefix. Thread-safe."""
 
@@ -155,6 +160,7 @@ class DeadTaskStore:
         line = encode_dead(task)  # Implements S-4: serialize before taking the lock.
         env = self._env
         with self._locked("add a task to"):
+            self._settle_compaction()
             fd = self._open_data(OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND)
             created = fd is None
             if fd is None:
@@ -268,6 +274,7 @@ class DeadTaskStore:
             return 0  # Implements S-5: no lock, no file touched.
         env = self._env
         with self._locked("delete tasks from"):
+            self._settle_compaction()
             tmp_fd = env.open(self._tmp, OpenFlag.WRITE | OpenFlag.CREATE | OpenFlag.TRUNCATE,
                               FILE_MODE)
             try:
@@ -279,15 +286,30 @@ class DeadTaskStore:
             if not found:
                 env.unlink(self._tmp)  # Implements S-5: the live file stays byte-identical.
                 return 0
+            # Implements S-9: mark the rename in flight, so that if this process dies before
+            # the directory fsync, the next writer under the lock makes the rename durable
+            # before it acknowledges anything written to the new inode.
+            env.ftruncate(self._lock_fd, COMPACTION_MARK_BYTES)
             env.rename(self._tmp, self._data)
-            try:
-                env.fsync_dir(self._path)
-            except OSError as exc:
-                # The rename may be undone by a power loss, and with it any add that a later
-                # operation makes to the new inode: stop (D-10, A-7).
-                raise self._fail_stop("fsync of the storage directory after compaction failed",
-                                      exc) from exc
+            self._fsync_dir_after_rename()
             return len(found)
+
+    def _fsync_dir_after_rename(self) -> None:
+        try:
+            self._env.fsync_dir(self._path)
+        except OSError as exc:
+            # The rename may be undone by a power loss, and with it any add that a later
+            # operation makes to the new inode: stop (D-10, A-7). The mark stays set.
+            raise self._fail_stop("fsync of the storage directory after compaction failed",
+                                  exc) from exc
+        self._env.ftruncate(self._lock_fd, 0)
+
+    def _settle_compaction(self) -> None:
+        """Implements S-9: finish the directory fsync of a compaction whose process died."""
+        if self._env.fstat(self._lock_fd).size != 0:
+            log.warning("a compaction of %s ended before its rename was made durable; "
+                        "fsyncing the directory now", self._data)
+            self._fsync_dir_after_rename()
 
     def _copy_survivors(self, tmp_fd: int, task_ids: set[str]) -> set[str]:
         env = self._env

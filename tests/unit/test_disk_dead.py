@@ -149,7 +149,7 @@ def test_a_data_file_deleted_by_hand_reads_as_empty_and_the_next_add_recreates_i
 
 
 @pytest.mark.spec("S-2")
-def test_the_lock_file_is_never_renamed_truncated_or_unlinked(storage: Path) -> None:
+def test_the_lock_file_is_never_renamed_or_unlinked_and_holds_no_data(storage: Path) -> None:
     env = RecordingEnv()
     with open_disk(storage, env) as disk:
         inode = (storage / LOCK).stat().st_ino
@@ -160,7 +160,9 @@ def test_the_lock_file_is_never_renamed_truncated_or_unlinked(storage: Path) -> 
         assert (storage / LOCK).stat().st_ino == inode
         lock = str(storage / LOCK)
         assert [c.op for c in env.calls if lock in (c.path, c.dst)
-                and c.op in ("rename", "unlink", "ftruncate", "write")] == []
+                and c.op in ("rename", "unlink", "write")] == []
+        # Its only changes are the compaction mark's (S-9): set and cleared per compaction.
+        assert len(env.calls_of("ftruncate", lock)) == 2
         assert len(env.calls_of("open", lock)) == 1  # opened once, at open, and kept
         assert (storage / LOCK).stat().st_size == 0
 
@@ -925,3 +927,35 @@ def test_a_dead_task_after_a_zero_filled_hole_is_listed_found_and_kept_by_compac
         disk.add_dead_task("c", b"", RuntimeError("c"), task_class="T", attempts=1)
         assert disk.remove_dead_tasks("c") == 1
         assert data.read_bytes() == dead("a") + dead("b")  # compaction kept b, not the hole
+
+
+@pytest.mark.spec("S-9", "S-2")
+def test_a_compaction_mark_left_by_a_dead_process_is_settled_before_the_next_write(
+        storage: Path) -> None:
+    env = RecordingEnv()
+    with Disk(path=storage, env=env, fsync_frequency=0) as disk:
+        lock = storage / "deferred-dead_tasks.lock"
+        disk.add_dead_task("a", b"", RuntimeError("a"), task_class="T", attempts=1)
+        assert disk.remove_dead_tasks("a") == 1
+        assert lock.stat().st_size == 0  # a completed compaction clears its mark
+        os.truncate(lock, 1)  # as if a process died between its rename and its dir fsync
+        env.clear()
+        disk.list_dead_tasks()
+        assert env.calls_of("fsync_dir") == [] and lock.stat().st_size == 1  # reads leave it
+        disk.add_dead_task("b", b"", RuntimeError("b"), task_class="T", attempts=1)
+        assert lock.stat().st_size == 0
+        assert env.index("fsync_dir") < env.index("write")  # durable name before the ack
+
+
+@pytest.mark.spec("S-9")
+def test_a_compaction_sets_its_mark_before_the_rename_and_clears_it_after_the_dir_fsync(
+        storage: Path) -> None:
+    env = RecordingEnv()
+    with Disk(path=storage, env=env, fsync_frequency=0) as disk:
+        disk.add_dead_task("a", b"", RuntimeError("a"), task_class="T", attempts=1)
+        env.clear()
+        assert disk.remove_dead_tasks("a") == 1
+        ops = env.ops()
+        marks = [i for i, op in enumerate(ops) if op == "ftruncate"]
+        assert len(marks) == 2
+        assert marks[0] < ops.index("rename") < env.index("fsync_dir") < marks[1]
