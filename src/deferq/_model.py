@@ -28,6 +28,19 @@ Nothing outside the allowed set may appear (D-4: no invented task, no resurrecte
 removal beyond the contract). After the check the model adopts the observed
 state as its new known state. ``Outcome`` is ``None`` for "absent", otherwise
 the exact bytes and fields the engine must return.
+
+Limits of the model, which its callers respect:
+- Histories are in issue order, so concurrent callers issue each operation in
+  the order it takes effect (for the dead-task store: the order of the lock).
+- WAL histories are keyed by task id only: a caller adds an id in one worker's
+  WAL at a time (W-15) and removes it only through that worker.
+- It has no ordering of its own (newest first, S-6; first insertion, W-7), and
+  does not know that a rotation makes a WAL durable (which only makes it more
+  lenient).
+- After a process kill, what a new reader observes of the dead-task store may
+  be in the page cache only (the store fsyncs per add, not at open), so
+  ``check_recovered(..., dead_durable=False)`` keeps an observed state that
+  differs from the acknowledged one as a maybe, not as known.
 """
 
 from __future__ import annotations
@@ -78,6 +91,7 @@ class Write:
     worker: str
     status: Status = Status.IN_FLIGHT
     durable: bool = False
+    dead_store: bool = False  # dead-task writes are durable when acknowledged (S-4, S-5)
 
 
 @dataclass(slots=True)
@@ -138,7 +152,7 @@ class StorageModel:
                worker: str) -> int:
         writes = []
         for task_id in ids:
-            write = Write(result, worker)
+            write = Write(result, worker, dead_store=histories is self.dead)
             histories.setdefault(task_id, IdHistory()).writes.append(write)
             writes.append(write)
         self._next_op += 1
@@ -151,18 +165,18 @@ class StorageModel:
     def remove_task(self, worker: str, task_id: str) -> int:
         return self._issue(self.wal, [task_id], ABSENT, worker)
 
-    def add_dead(self, task_id: str, task: Dead) -> int:
-        return self._issue(self.dead, [task_id], task, "")
+    def add_dead(self, task_id: str, task: Dead, worker: str = "") -> int:
+        return self._issue(self.dead, [task_id], task, worker)
 
-    def remove_dead(self, ids: list[str]) -> int:
-        return self._issue(self.dead, sorted(set(ids)), ABSENT, "")
+    def remove_dead(self, ids: list[str], worker: str = "") -> int:
+        return self._issue(self.dead, sorted(set(ids)), ABSENT, worker)
 
     # ------------------------------------------------------------------ outcomes
     def acked(self, op: int, *, durable: bool = False) -> None:
         """The operation returned; ``durable`` when it was also fsynced (fsync_frequency=0)."""
         for write in self._ops.pop(op):
             write.status = Status.ACKED
-            write.durable = durable or write.worker == ""
+            write.durable = durable or write.dead_store
 
     def failed(self, op: int) -> None:
         """The operation raised: it may or may not have taken effect."""
@@ -176,8 +190,17 @@ class StorageModel:
                 if write.worker == worker and write.status is Status.ACKED:
                     write.durable = True
 
-    def crash(self, kind: Crash) -> None:
-        """Every process died (a power loss) or the workers died (kills): ops in flight stay so."""
+    def crash(self, kind: Crash, worker: str | None = None) -> None:
+        """Processes died: their ops in flight stay so forever (they may or may not persist).
+
+        ``worker`` limits a process kill to that worker's operations; a power loss
+        kills everything.
+        """
+        if kind is Crash.PROCESS_KILL and worker is not None:
+            for op in [op for op, writes in self._ops.items()
+                       if any(w.worker == worker for w in writes)]:
+                del self._ops[op]
+            return
         self._ops.clear()
         if kind is Crash.POWER_LOSS:
             for history in self.wal.values():
@@ -210,11 +233,14 @@ class StorageModel:
 
     # ------------------------------------------------------------------ recovery check
     def check_recovered(self, pending: dict[str, Pending], dead: dict[str, Dead],
-                        *, wal_ids: set[str] | None = None) -> list[Violation]:
+                        *, wal_ids: set[str] | None = None,
+                        dead_durable: bool = True) -> list[Violation]:
         """Check a recovered state and, if it is allowed, adopt it as known (D-1..D-4, D-7..D-13).
 
         ``wal_ids`` limits the WAL check to the ids whose files were recovered
         (after a kill, only the dead worker's); None checks every id.
+        ``dead_durable=False`` (after a process kill) keeps an observed dead-task
+        state that differs from the acknowledged one as a maybe, not as known.
         """
         violations = []
         for store, histories, observed, wal in (
@@ -230,7 +256,12 @@ class StorageModel:
                 if got not in allowed:
                     violations.append(Violation(store, task_id, got,
                                                 tuple(sorted(repr(a) for a in allowed))))
-                histories[task_id] = IdHistory(known=got)
+                if wal or dead_durable:
+                    histories[task_id] = IdHistory(known=got)
+                else:
+                    acked = history.current()
+                    maybe = [] if got == acked else [Write(got, "", Status.FAILED, dead_store=True)]
+                    histories[task_id] = IdHistory(known=acked, writes=maybe)
         return violations
 
 

@@ -146,3 +146,24 @@ def test_kill_check_can_be_limited_to_the_dead_workers_ids() -> None:
     model.crash(Crash.PROCESS_KILL)
     assert model.check_recovered({"y": B}, {}, wal_ids={"y"}) == []
     assert model.pending() == {"x": A, "y": B}
+
+
+@pytest.mark.spec("D-7", "D-12")
+def test_after_a_kill_an_unacknowledged_dead_task_seen_in_the_page_cache_stays_a_maybe() -> None:
+    model = StorageModel()
+    model.add_dead("t", DEAD)  # killed after its write, before its fsync: in flight
+    model.crash(Crash.PROCESS_KILL)
+    assert model.check_recovered({}, {"t": DEAD}, dead_durable=False) == []
+    model.crash(Crash.POWER_LOSS)  # the page-cache copy may now be gone, or not
+    assert model.dead["t"].allowed(wal=False) == {DEAD, ABSENT}
+
+
+def test_a_kill_of_one_worker_leaves_the_other_workers_operations_in_flight() -> None:
+    model = StorageModel()
+    op_a = model.add_task("a", "x", A)
+    op_b = model.add_task("b", "y", B)
+    model.crash(Crash.PROCESS_KILL, worker="a")
+    model.acked(op_b, durable=True)  # b's call returns after a's death
+    assert model.pending() == {"y": B}
+    with pytest.raises(KeyError):
+        model.acked(op_a)
