@@ -76,6 +76,7 @@ class TasksWal:
         self._state = WalState.OPEN
         self._dirty = False
         self._last_sync_s = env.monotonic()
+        self._held_fds: list[int] = []  # files kept locked until close (see _discard_copy)
         self.corrupt_records = 0
         claimed = self._claim_orphans()
         owned = [fd for _, fd in claimed]
@@ -143,8 +144,13 @@ class TasksWal:
                 if taken:
                     env.fsync_dir(self._path)
             except BaseException as exc:
-                env.close(fd)
-                self._unlink_quietly(name)
+                # Cleanup failures are logged, never raised: they must not hide the original
+                # error, least of all a failed fsync that must fail-stop (W-12).
+                self._close_fds([fd])
+                try:
+                    self._unlink_quietly(name)
+                except OSError:
+                    log.warning("could not unlink abandoned WAL file %s", name, exc_info=True)
                 if isinstance(exc, OSError):
                     # A failed fsync is never retried (W-12), not even by a later rotation.
                     raise StorageBrokenError(f"could not make new WAL file {name} durable") from exc
@@ -274,7 +280,7 @@ class TasksWal:
                     self._sync_locked()
             finally:
                 self._state = WalState.CLOSED
-                self._close_fds([self._fd])
+                self._close_fds([self._fd, *self._held_fds])
 
     @property
     def broken(self) -> bool:
@@ -338,6 +344,27 @@ class TasksWal:
         self._dirty = False
         self._last_sync_s = self._env.monotonic()
 
+    def _discard_copy(self, name: str, fd: int, cause: OSError) -> None:
+        """Implements W-10: durably unlink a failed rotation's copy, or fail-stop.
+
+        The copy holds ``add`` records of tasks that this WAL may remove from now
+        on; if it survived (a failed unlink, or an unlink a power loss undoes),
+        a restart would merge it after the old file and bring those tasks back
+        (D-3). So it is unlinked while still locked and the directory fsynced;
+        if either fails the WAL is broken, and the copy stays locked until
+        ``close`` so no booting worker adopts it beside this live one.
+        """
+        try:
+            self._unlink_quietly(name)
+            self._env.fsync_dir(self._path)
+        except OSError as exc:
+            self._held_fds.append(fd)
+            self._state = WalState.BROKEN
+            raise StorageBrokenError(
+                f"rotation failed ({cause}) and its copy {name} could not be durably removed"
+            ) from exc
+        self._close_fds([fd])
+
     def _rotate(self) -> None:
         """Implements W-9 and W-10: copy live tasks to a new file, then drop the old one."""
         env = self._env
@@ -358,11 +385,10 @@ class TasksWal:
             for start in range(0, len(lines), 1024):
                 write_all(env, fd, b"".join(lines[start:start + 1024]))
             env.fsync(fd)
-        except OSError:
+        except OSError as exc:
             log.warning("WAL rotation failed to copy live tasks; keeping the old file",
                         exc_info=True)
-            self._close_fds([fd])
-            self._unlink_quietly(name)
+            self._discard_copy(name, fd, exc)
             self._limit = int(self._size * WAL_SIZE_INCREASE_RATIO)
             return
         old_name, old_fd = self._name, self._fd

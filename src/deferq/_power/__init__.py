@@ -1,0 +1,19 @@
+"""Real crashes on a real filesystem: SIGKILLed workers and power cuts on loop-mounted ext4.
+
+Theory of operation (docs/power-test.md). ``_fs`` creates a fresh ext4 image,
+loop-mounts it inside a private mount namespace and cuts power with the ext4
+shutdown ioctl (NOLOGFLUSH); ``_workers`` runs worker and operator processes
+that use ``Disk`` directly and report every issue and acknowledgement over a
+pipe to the harness; ``_check`` reads the files after each crash with the
+engine's own decoders and judges them with ``deferq._model.StorageModel``;
+``_harness`` is the fault loop; ``_inject`` runs a probe under strace to inject
+fsync EIO and write errors on real syscalls; ``_enospc`` makes real short writes
+on a full filesystem; ``_race`` calibrates the power cut itself.
+"""
+
+from __future__ import annotations
+
+from deferq._power._fs import Requirements, missing_requirements
+from deferq._power._harness import PowerConfig, Summary, run_power_test
+
+__all__ = ["PowerConfig", "Requirements", "Summary", "missing_requirements", "run_power_test"]

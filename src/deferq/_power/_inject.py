@@ -1,0 +1,172 @@
+"""Syscall fault injection with strace: fsync EIO and failed writes on the real kernel.
+
+Theory of operation. ``prepare`` opens and closes a ``Disk`` once, so the WAL
+file and the dead-task data file exist with known names. ``run_probe`` then
+runs ``python -m deferq._power._inject PATH OUT`` under ``strace -f -qq`` with
+``-e inject=...`` restricted by ``-P`` to those two files: the probe's ``Disk``
+adopts the WAL file (W-2), adds tasks, dead-letters some and removes one,
+recording for every call whether it returned or raised (and what). Afterwards
+``reopen`` reads the storage back with a fresh ``Disk`` (no strace) and
+``judge`` applies D-10: no call may report success for data that is not there
+afterwards, the first failed fsync fails its call, and every later call to the
+same store raises ``StorageBrokenError`` (W-12, S-4).
+
+``retval=N`` injection is not offered: strace then skips the syscall and
+returns N, a write that claims N bytes it never wrote. No kernel does that;
+real short writes are tested on a full filesystem instead (``enospc_probe``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from deferq._errors import DeferqError
+from deferq._format import dead_data_name, is_wal_file_name
+from deferq._limits import DEFAULT_PREFIX
+from deferq.backends import Disk
+
+ADDS = 5
+DEADS = 3
+
+
+def context_of(n: int) -> bytes:
+    return b"probe-task-%d|" % n + b"x" * (100 + 700 * (n % 3))
+
+
+@dataclass(slots=True)
+class Call:
+    store: str  # "wal", "dead" or "open"/"close"
+    name: str
+    ok: bool
+    error: str = ""
+    task_id: str = ""
+
+
+@dataclass(slots=True)
+class ProbeRun:
+    calls: list[Call] = field(default_factory=list)
+    injected: int = 0
+    strace_log: str = ""
+    pending: dict[str, bytes] = field(default_factory=dict)
+    dead: dict[str, bytes] = field(default_factory=dict)
+
+
+def prepare(path: str) -> tuple[str, str]:
+    """Create the storage so its files have known names; return (WAL file, dead data file)."""
+    Disk(path=path, fsync_frequency=0).close()
+    wal = [n for n in os.listdir(path) if is_wal_file_name(DEFAULT_PREFIX, n)]
+    assert len(wal) == 1, wal
+    return os.path.join(path, wal[0]), os.path.join(path, dead_data_name(DEFAULT_PREFIX))
+
+
+def probe(path: str, out: str) -> None:
+    """The program strace runs: every call's outcome goes to ``out`` (not a traced path)."""
+    calls: list[Call] = []
+
+    def attempt(store: str, name: str, fn: object, task_id: str = "") -> object:
+        assert callable(fn)
+        try:
+            value = fn()
+        except (DeferqError, OSError) as exc:
+            calls.append(Call(store, name, False, type(exc).__name__, task_id))
+            return None
+        calls.append(Call(store, name, True, "", task_id if task_id else str(value or "")))
+        return value
+
+    disk = attempt("open", "Disk()", lambda: Disk(path=path, fsync_frequency=0))
+    if isinstance(disk, Disk):
+        for n in range(ADDS):
+            attempt("wal", f"add_task #{n}", lambda n=n: disk.add_task(context_of(n), None,
+                                                                       f"probe-{n}"), f"probe-{n}")
+        for n in range(DEADS):
+            attempt("dead", f"add_dead_task #{n}", lambda n=n: disk.add_dead_task(
+                f"dead-{n}", context_of(n), RuntimeError("gave up"), task_class="Probe",
+                attempts=1), f"dead-{n}")
+        attempt("dead", "remove_dead_tasks", lambda: disk.remove_dead_tasks(["dead-0"]),
+                "dead-0")
+        attempt("wal", "sync", disk.sync)
+        attempt("close", "close", disk.close)
+    with open(out, "w") as f:
+        json.dump([vars(c) if not hasattr(c, "__slots__") else
+                   {k: getattr(c, k) for k in c.__slots__} for c in calls], f)
+
+
+def run_probe(path: str, inject: list[str], trace_paths: list[str]) -> ProbeRun:
+    """Run ``probe`` under strace with the given ``-e inject=`` specs, then read back."""
+    work = tempfile.mkdtemp(prefix="deferq-inject-")
+    try:
+        out = os.path.join(work, "calls.json")
+        log = os.path.join(work, "strace.log")
+        cmd = ["strace", "-f", "-qq", "-o", log]
+        for spec in inject:
+            cmd += ["-e", f"inject={spec}"]
+        for p in trace_paths:
+            cmd += ["-P", p]
+        cmd += [sys.executable, "-m", "deferq._power._inject", path, out]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+        run = ProbeRun()
+        with open(out) as f:
+            run.calls = [Call(**c) for c in json.load(f)]
+        with open(log) as f:
+            run.strace_log = f.read()
+        run.injected = len(re.findall(r"\(INJECTED\)", run.strace_log))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    with Disk(path=path, fsync_frequency=0) as disk:
+        run.pending = {t.task_id: t.context for t in disk.pending_tasks()}
+        run.dead = {t.id: t.context for t in disk.list_dead_tasks()}
+    return run
+
+
+def judge(run: ProbeRun) -> list[str]:
+    """D-10, W-12, S-4: what a run may not show. Returns the violations."""
+    problems = []
+    if run.injected == 0:
+        problems.append("strace injected nothing (the probe did not reach the injected call)")
+    elif all(c.ok for c in run.calls):
+        problems.append(f"{run.injected} injected fault(s), yet every call reported success")
+    removal_tried = {c.task_id for c in run.calls if c.name == "remove_dead_tasks"}
+    for store in ("wal", "dead"):
+        failed_fsync = False
+        for call in run.calls:
+            if call.store not in (store, "open"):
+                continue
+            if failed_fsync and call.ok:
+                problems.append(f"{call.name} succeeded after the {store} store fail-stopped")
+            if failed_fsync and not call.ok and call.error != "StorageBrokenError":
+                problems.append(f"{call.name} raised {call.error}, not StorageBrokenError, after"
+                                f" the {store} store fail-stopped")
+            if call.error == "StorageBrokenError":
+                failed_fsync = True
+    for call in run.calls:
+        if not call.ok:
+            continue
+        if call.name == "remove_dead_tasks" and call.task_id in run.dead:
+            problems.append(f"D-9: remove_dead_tasks returned but {call.task_id} is still dead")
+        if call.store == "wal" and call.name.startswith("add_task"):
+            n = int(call.name.rsplit("#", 1)[1])
+            if run.pending.get(call.task_id) != context_of(n):
+                problems.append(f"D-10: {call.name} returned but {call.task_id} is not pending"
+                                f" after a restart")
+        if call.store == "dead" and call.name.startswith("add_dead_task"):
+            n = int(call.name.rsplit("#", 1)[1])
+            if call.task_id not in removal_tried and run.dead.get(call.task_id) != context_of(n):
+                problems.append(f"D-10: {call.name} returned but {call.task_id} is not a dead"
+                                f" task after a restart")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    probe(argv[0], argv[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
