@@ -1,18 +1,19 @@
 """The ``deferq`` command (also ``python -m deferq``).
 
-``demo`` is a storage-level walk through a Disk backend that prints what
-happens as it happens and shows the files on disk; other subcommands come from
-the area modules listed in ``_AREAS``.
+``demo`` walks through a Disk backend, printing what happens and the files on
+disk; ``queue-demo`` runs a small service; ``dead``/``pending``/``verify``/
+``stats`` are the operator tools; ``crash-test`` and ``power-test`` run the crash
+suites against the installed engine.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 
+from deferq import _cli_crash, _cli_ops, _cli_power
 from deferq._errors import DeferqError
 from deferq.backends import Disk
 
@@ -95,11 +96,14 @@ def _add_demo(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> Non
 def build_parser() -> argparse.ArgumentParser:
     """The ``deferq`` argument parser. Each area registers its own subcommands.
 
-    Area modules (``_cli_<area>.py``) each expose ``register(sub)``, which adds
-    subparsers whose ``handler`` default takes the parsed arguments and returns
-    the exit status. This keeps one module per job (STYLE.md rule 3).
+    Area modules (``_cli_ops``: operator commands and the queue demo; ``_cli_crash``:
+    the simulated crash suite; ``_cli_power``: real power cuts) each expose
+    ``register(sub)``, which adds subparsers whose ``handler`` default takes the
+    parsed arguments and returns the exit status (one module per job, STYLE.md rule 3).
     """
-    parser = argparse.ArgumentParser(prog="deferq", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="deferq", description="deferq: durable deferred tasks. Demos, operator tools "
+        "(dead, pending, verify, stats) and the crash suites (crash-test, power-test).")
     # Global storage options; the operator subcommands accept them after their name too.
     parser.add_argument("--path", default=argparse.SUPPRESS,
                         help="storage directory (default storage)")
@@ -107,20 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="file name prefix (default deferred-)")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
-    for module_name in _AREAS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # That area is not part of this build.
-        register: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None] = (
-            module.register)
+    for register in (_cli_ops.register, _cli_crash.register, _cli_power.register):
         register(sub)
     return parser
 
-
-_AREAS = ("deferq._cli_ops", "deferq._cli_crash")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

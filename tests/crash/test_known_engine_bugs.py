@@ -1,8 +1,9 @@
-"""Engine bugs found by the crash exploration, kept as strict xfail reproductions.
+"""Engine bugs found by the crash exploration: regression tests, and strict xfails for open ones.
 
 Goal: pin each bug the exploration found (``deferq crash-test --max-ops 3``) to a
-minimal, deterministic reproduction, so the fix can be verified and the xfail removed
-(``strict=True``: a fixed bug makes this module fail until its marker is dropped).
+minimal, deterministic reproduction, so the fix can be verified: an open bug is a
+``strict=True`` xfail (a fix makes this module fail until its marker is dropped), a
+fixed one stays as a regression test.
 Method: drive ``Disk`` on a ``SimDisk`` by hand through the failing sequence, then boot
 the durable image (a power loss that keeps nothing unsynced) and read what a fresh
 worker recovers.
@@ -33,3 +34,22 @@ def test_add_acknowledged_after_adopting_a_wal_whose_fsync_failed_survives_power
     # The durable WAL is 23 NUL bytes (t1's dropped line, size kept) followed by t2's line:
     # the reader cuts the line at its last NUL (R-@K), so t2 survives.
     assert "t2" in [t.task_id for t in third.pending_tasks()]
+
+
+@pytest.mark.spec("D-2", "D-3")
+@pytest.mark.xfail(strict=True, reason="an adopting worker reports tasks from the page cache "
+                                       "as recovered and synced after the owner's fsync failed")
+def test_task_recovered_and_synced_by_an_adopting_worker_survives_power_loss() -> None:
+    disk = SimDisk(0)
+    first = Disk(path="/s", fsync_frequency=0.5, env=disk.process())
+    first.add_task(b"a", task_id="t1")  # acknowledged; the periodic fsync has not run yet
+    disk.inject(FaultRule(op="fsync", fault=FsyncEio(), path="/s/deferred-0-*"))
+    with pytest.raises(StorageBrokenError):
+        first.close()  # the final fsync fails (C-9); the dirty pages are dropped (A-7)
+    second = Disk(path="/s", fsync_frequency=0.5, env=disk.process())  # adopts the WAL
+    assert [t.task_id for t in second.pending_tasks()] == ["t1"]  # "recovered"
+    second.sync()
+    second.close()  # returns: its open fsynced the adopted file (W-3) and close fsyncs (C-9)
+    rebooted = SimDisk(0, image=disk.durable_image())  # power loss
+    third = Disk(path="/s", fsync_frequency=0.5, env=rebooted.process())
+    assert "t1" in [t.task_id for t in third.pending_tasks()]  # D-2: "the WAL's next fsync has run"

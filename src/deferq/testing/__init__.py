@@ -59,8 +59,10 @@ from deferq.testing._persistence import (
     Weakest,
     resolve_model,
 )
+from deferq.testing._scheduler import Scheduler
 from deferq.testing._simdisk import CrashState, SimDisk
 from deferq.testing._simenv import SimEnv
+from deferq.testing._explore import Engine, ExploreReport, Mutant, Step, Workload, explore
 
 __all__ = [
     "MODELS",
@@ -71,7 +73,9 @@ __all__ = [
     "Damaged",
     "Dimension",
     "Eio",
+    "Engine",
     "Enospc",
+    "ExploreReport",
     "Ext4Ordered",
     "Fate",
     "FaultInjector",
@@ -83,22 +87,27 @@ __all__ = [
     "Image",
     "LinkOp",
     "LyingFsync",
+    "Mutant",
     "Node",
     "Op",
     "Option",
     "PersistenceModel",
     "Plan",
     "Prefix",
+    "Scheduler",
     "ShortWrite",
     "SimClock",
     "SimDisk",
     "SimEnv",
     "SimulatedCrash",
+    "Step",
     "Torn",
     "TruncateOp",
     "UnlinkOp",
     "Weakest",
+    "Workload",
     "WriteOp",
+    "explore",
     "flip_bit",
     "resolve_model",
     "zero_sector",

@@ -1,0 +1,614 @@
+"""The mutant catalogue: deliberately broken storage engines the crash suites must catch.
+
+Goal: prove that the crash exploration (``deferq.testing._explore``) and the targeted
+interleaving scenarios below have teeth: each mutant breaks exactly one rule of
+spec/wal.md or spec/dead-tasks.md, and some check must report a violation for it while
+the real engine passes the same check. Method: each mutant is a subclass of
+``TasksWal`` or ``DeadTaskStore`` plugged into a ``Disk`` subclass through ``_wal_class``
+/ ``_dead_class`` (or, for the handoff order, an ``Engine`` whose ``handoff`` swaps the
+two calls). Nothing here is a flag in the product. ``MUTANTS`` is the registry read by
+``deferq crash-test`` (``load_catalogue`` imports this file by path) and by
+``test_mutants_are_caught.py``: each entry names what it breaks and what catches it.
+
+Concurrency mutants (process-local exclusion, flock on the data file, a cached data
+descriptor, a blocking lock) are caught by small deterministic scenarios: two threads
+or two simulated processes on one ``SimDisk``, where a hook on one thread's seam call
+parks it and runs the other one until that one finishes or sleeps in its lock retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
+from deferq._deadstore import DeadTaskStore
+from deferq._env import Env, OpenFlag
+from deferq._errors import DeadTasksLockTimeout, StorageBrokenError
+from deferq._format import encode_dead
+from deferq._io import join, lines_forward, write_all
+from deferq._limits import FILE_MODE, LOCK_ATTEMPTS_MAX, WAL_SIZE_INCREASE_RATIO, lock_sleep_s
+from deferq._model import Dead, StorageModel
+from deferq._types import DeadTask
+from deferq._wal import TasksWal
+from deferq.backends import Disk
+from deferq.testing import SimDisk, SimEnv
+from deferq.testing._explore import (
+    PATH,
+    PREFIX,
+    Engine,
+    HandoffOps,
+    Mutant,
+    Step,
+    TracingEnv,
+    Workload,
+    check_disk,
+)
+
+# ============================================================================ WAL mutants
+
+
+class RetryFailedFsyncWal(TasksWal):
+    """Retries a failed WAL fsync; the retry "succeeds" (A-7) and the write is acknowledged."""
+
+    def _sync_locked(self) -> None:
+        if not self._dirty:
+            return
+        try:
+            self._env.fsync(self._fd)
+        except OSError:
+            self._env.fsync(self._fd)  # BUG: W-12 forbids the retry; the pages are gone.
+        self._dirty = False
+        self._last_sync_s = self._env.monotonic()
+
+
+class NoTailRepairWal(TasksWal):
+    """Adopts a WAL without cutting its torn tail: the next append is glued onto it (W-3)."""
+
+    def _repair_main_tail(self) -> None:
+        self._env.fsync(self._fd)  # BUG: no repair_tail() before appending.
+        self._env.fsync_dir(self._path)
+
+
+class UnlinkBeforeSyncedCopyWal(TasksWal):
+    """Rotation unlinks the old WAL (durably) before the new file's copy is fsynced (W-10)."""
+
+    def _rotate(self) -> None:
+        env = self._env
+        try:
+            name, fd = self._create_file()
+        except OSError:
+            self._limit = int(self._size * WAL_SIZE_INCREASE_RATIO)
+            return
+        write_all(env, fd, b"".join(task.line for task in self._live.values()))
+        old_name, old_fd = self._name, self._fd
+        self._name, self._fd = name, fd
+        self._size = env.fstat(fd).size
+        self._limit = max(self._limit, int(self._size * WAL_SIZE_INCREASE_RATIO) + 1)
+        self._unlink_quietly(old_name)  # BUG: the copy is not durable yet.
+        env.fsync_dir(self._path)
+        env.fsync(fd)
+        self._dirty = False
+        self._close_fds([old_fd])
+
+
+# ============================================================================ dead-store mutants
+
+
+class NoDeadTailRepairStore(DeadTaskStore):
+    """Appends a dead task without cutting a torn tail first (S-4, D-12)."""
+
+    def _append_durably(self, fd: int, line: bytes) -> None:
+        env = self._env
+        size = env.fstat(fd).size  # BUG: no repair_tail().
+        try:
+            write_all(env, fd, line)
+        except OSError:
+            self._cut_back(fd, size)
+            raise
+        try:
+            env.fsync(fd)
+        except OSError as exc:
+            self._cut_back(fd, size)
+            raise self._fail_stop("fsync of the dead-task data file failed", exc) from exc
+
+
+class InPlaceRemoveStore(DeadTaskStore):
+    """Compacts by truncating and rewriting the live data file in place (S-5, D-9)."""
+
+    def remove(self, task_ids: set[str]) -> int:
+        if not task_ids:
+            return 0
+        env = self._env
+        with self._locked("delete tasks from"):
+            fd = self._open_data(OpenFlag.READ | OpenFlag.WRITE)
+            if fd is None:
+                return 0
+            try:
+                keep: list[bytes] = []
+                found: set[str] = set()
+                for raw in lines_forward(env, fd, env.fstat(fd).size):
+                    if raw.data is None or not raw.complete:
+                        continue
+                    task_id = _dead_id(raw.data)
+                    if task_id in task_ids:
+                        found.add(task_id)
+                    else:
+                        keep.append(raw.data + b"\n")
+                if found:
+                    env.ftruncate(fd, 0)  # BUG: the old records are gone before the new are durable.
+                    _write_at(env, fd, b"".join(keep))
+                    env.fsync(fd)
+            finally:
+                env.close(fd)
+            return len(found)
+
+
+class RenameUnsyncedTmpStore(DeadTaskStore):
+    """Renames the compaction file over the data file without fsyncing it first (S-5)."""
+
+    def remove(self, task_ids: set[str]) -> int:
+        return _compact(self, task_ids, fsync_tmp=False, fsync_dir=True)
+
+
+class NoDirFsyncAfterRenameStore(DeadTaskStore):
+    """Acknowledges a compaction before its rename is durable (S-5, D-6, D-9)."""
+
+    def remove(self, task_ids: set[str]) -> int:
+        return _compact(self, task_ids, fsync_tmp=True, fsync_dir=False)
+
+
+class NoDirFsyncAfterCreateStore(DeadTaskStore):
+    """Creates the data file without fsyncing the directory (S-1, D-6)."""
+
+    def __init__(self, env: Env, path: str, prefix: str) -> None:
+        from deferq._format import dead_data_name, dead_lock_name, dead_tmp_name  # noqa: PLC0415
+
+        self._env = env
+        self._path = path
+        self._data = join(path, dead_data_name(prefix))
+        self._tmp = join(path, dead_tmp_name(prefix))
+        self._local = threading.Lock()
+        self._closed = False
+        self._broken = False
+        self._pid = env.getpid()
+        self._lock_fd = env.open(join(path, dead_lock_name(prefix)),
+                                 OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE, FILE_MODE)
+        env.close(env.open(self._data, OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE,
+                           FILE_MODE))
+        # BUG: no env.fsync_dir(path): the data file's name is not durable.
+
+
+class FlockDataFileStore(DeadTaskStore):
+    """Locks the data file itself (opened once, then flock retried) and writes through it.
+
+    The renamed-inode race of the reference design (D-11): a compaction renames a new
+    inode over the name while an adder waits for the old inode's lock.
+    """
+
+    _held: int = -1
+
+    @contextlib.contextmanager
+    def _locked(self, operation: str) -> Iterator[None]:
+        self._check_usable()
+        env = self._env
+        fd = env.open(self._data, OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND
+                      | OpenFlag.CREATE, FILE_MODE)
+        try:
+            for attempt in range(1, LOCK_ATTEMPTS_MAX + 1):
+                if self._local.acquire(blocking=False):
+                    if env.flock_exclusive_nb(fd):  # BUG: the data file may be renamed over.
+                        break
+                    self._local.release()
+                if attempt == LOCK_ATTEMPTS_MAX:
+                    raise DeadTasksLockTimeout(f"Could not lock the dead tasks store to {operation} it")
+                env.sleep(lock_sleep_s(attempt))
+            self._held = fd
+            try:
+                yield
+            finally:
+                self._held = -1
+                self._local.release()
+        finally:
+            env.close(fd)
+
+    def add(self, task: DeadTask) -> str:
+        line = encode_dead(task)
+        with self._locked("add a task to"):
+            self._append_durably(self._held, line)
+        return task.id
+
+
+class CachedDataFdStore(DeadTaskStore):
+    """Keeps the data file open across operations: writes can go to a replaced inode (S-3)."""
+
+    _cached: int | None = None
+
+    def add(self, task: DeadTask) -> str:
+        line = encode_dead(task)
+        with self._locked("add a task to"):
+            if self._cached is None:
+                self._cached = self._env.open(self._data, OpenFlag.READ | OpenFlag.WRITE
+                                              | OpenFlag.APPEND | OpenFlag.CREATE, FILE_MODE)
+            self._append_durably(self._cached, line)  # BUG: may be a ghost after compaction.
+        return task.id
+
+
+class NoLocalMutexStore(DeadTaskStore):
+    """Serializes only with flock, which a second thread of the same process shares (L-1, A-8)."""
+
+    @contextlib.contextmanager
+    def _locked(self, operation: str) -> Iterator[None]:
+        self._check_usable()
+        env = self._env
+        for attempt in range(1, LOCK_ATTEMPTS_MAX + 1):
+            if env.flock_exclusive_nb(self._lock_fd):  # BUG: no process-local mutex.
+                break
+            if attempt == LOCK_ATTEMPTS_MAX:
+                raise DeadTasksLockTimeout(f"Could not lock the dead tasks store to {operation} it")
+            env.sleep(lock_sleep_s(attempt))
+        try:
+            yield
+        finally:
+            env.flock_unlock(self._lock_fd)
+
+
+class BlockingLockStore(DeadTaskStore):
+    """Waits for the lock without bound instead of raising DeadTasksLockTimeout (L-3, D-8)."""
+
+    @contextlib.contextmanager
+    def _locked(self, operation: str) -> Iterator[None]:
+        self._check_usable()
+        env = self._env
+        attempt = 0
+        while True:  # BUG: no bound.
+            attempt += 1
+            if self._local.acquire(blocking=False):
+                if env.flock_exclusive_nb(self._lock_fd):
+                    break
+                self._local.release()
+            env.sleep(lock_sleep_s(min(attempt, LOCK_ATTEMPTS_MAX)))
+        try:
+            yield
+        finally:
+            try:
+                env.flock_unlock(self._lock_fd)
+            finally:
+                self._local.release()
+
+
+# ============================================================================ helpers
+
+
+def _dead_id(line: bytes) -> str:
+    from deferq._format import BadLine, decode_dead_line  # noqa: PLC0415
+
+    framed = decode_dead_line(line)
+    return "" if isinstance(framed, BadLine) else framed.task_id
+
+
+def _write_at(env: Env, fd: int, data: bytes) -> None:
+    """Write ``data`` from offset 0 of a non-append descriptor just truncated to 0."""
+    write_all(env, fd, data)
+
+
+def _compact(store: DeadTaskStore, task_ids: set[str], *, fsync_tmp: bool,
+             fsync_dir: bool) -> int:
+    """The real compaction with one of its two fsyncs left out."""
+    if not task_ids:
+        return 0
+    env = store._env
+    with store._locked("delete tasks from"):
+        tmp_fd = env.open(store._tmp, OpenFlag.WRITE | OpenFlag.CREATE | OpenFlag.TRUNCATE,
+                          FILE_MODE)
+        try:
+            found = store._copy_survivors(tmp_fd, task_ids)
+            if found and fsync_tmp:
+                env.fsync(tmp_fd)
+        finally:
+            env.close(tmp_fd)
+        if not found:
+            env.unlink(store._tmp)
+            return 0
+        env.rename(store._tmp, store._data)
+        if fsync_dir:
+            env.fsync_dir(store._path)
+        return len(found)
+
+
+def _disk(name: str, *, wal: type[TasksWal] = TasksWal,
+          dead: type[DeadTaskStore] = DeadTaskStore) -> type[Disk]:
+    return type(name, (Disk,), {"_wal_class": wal, "_dead_class": dead})
+
+
+def swapped_handoff(ops: HandoffOps, task_id: str) -> None:
+    """Removes the task from the WAL before its dead record exists (breaks D-13)."""
+    ops.remove_task(task_id)
+    ops.add_dead(task_id)
+
+
+def _w(*steps: Step, f: float = 0.0, start: str = "empty", rotate: bool = False) -> Workload:
+    return Workload(tuple(steps), f, start, rotate)
+
+
+ADD = Step("add", 0)
+
+
+# ============================================================================ scenarios
+
+
+class Hooks:
+    """Per-thread hooks on seam calls, for deterministic two-thread interleavings."""
+
+    def __init__(self) -> None:
+        self.before: dict[tuple[str, str], Callable[[], None]] = {}  # (thread name, op)
+        self.on_sleep: dict[str, Callable[[], None]] = {}
+        self.slept_s: dict[str, float] = {}
+
+
+class HookEnv(TracingEnv):
+    """A ``TracingEnv`` whose calls first run the hook registered for (thread, op)."""
+
+    def __init__(self, inner: SimEnv, hooks: Hooks) -> None:
+        super().__init__(inner, [])
+        self.hooks = hooks
+
+    def _rec(self, op: str, path: str, nbytes: int = 0) -> None:
+        hook = self.hooks.before.pop((threading.current_thread().name, op), None)
+        if hook is not None:
+            hook()
+
+    def sleep(self, seconds: float) -> None:
+        name = threading.current_thread().name
+        self.hooks.slept_s[name] = self.hooks.slept_s.get(name, 0.0) + seconds
+        hook = self.hooks.on_sleep.get(name)
+        if hook is not None:
+            hook()
+        super().sleep(seconds)
+
+
+class LockSpinning(BaseException):
+    """Raised by the sleep hook when a lock wait passes the scenario's time bound."""
+
+
+_DEAD_ARGS = {"task_class": "job.Task", "attempts": 3}
+
+
+def _dead(task: str) -> Dead:
+    return Dead(f"dead-{task}".encode(), "job.Task", 3, f"gave up {task}")
+
+
+class _Exc(Exception):
+    pass
+
+
+def _add_dead(model: StorageModel, backend: Disk, task: str) -> None:
+    """``add_dead_task`` with its model bookkeeping (a failure is recorded as such)."""
+    value = _dead(task)
+    op = model.add_dead(task, value)
+    try:
+        backend.add_dead_task(task, value.context, _Exc(value.exception_message),
+                              task_class=value.task_class, attempts=value.attempts)
+    except (DeadTasksLockTimeout, StorageBrokenError, OSError):
+        model.failed(op)
+        return
+    model.acked(op)
+
+
+def _remove_dead(model: StorageModel, backend: Disk, task: str) -> None:
+    op = model.remove_dead([task])
+    try:
+        backend.remove_dead_tasks([task])
+    except (DeadTasksLockTimeout, StorageBrokenError, OSError):
+        model.failed(op)
+        return
+    model.acked(op)
+
+
+def _interleave(hooks: Hooks, first: Callable[[], None], at_op: str,
+                second: Callable[[], None]) -> None:
+    """Run ``first`` in thread A; at its ``at_op`` call, run ``second`` in thread B until
+    B returns or sleeps in a lock retry, then let A finish, then let B finish."""
+    b_parked = threading.Event()
+    a_done = threading.Event()
+    errors: list[BaseException] = []
+
+    def park_b() -> None:
+        b_parked.set()
+        a_done.wait(10)
+
+    def run_b() -> None:
+        try:
+            second()
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            errors.append(exc)
+        finally:
+            b_parked.set()
+
+    thread_b = threading.Thread(target=run_b, name="B")
+    hooks.on_sleep["B"] = park_b
+
+    def start_b() -> None:
+        thread_b.start()
+        b_parked.wait(10)
+
+    def run_a() -> None:
+        try:
+            first()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            a_done.set()
+
+    hooks.before[("A", at_op)] = start_b
+    thread_a = threading.Thread(target=run_a, name="A")
+    thread_a.start()
+    thread_a.join(20)
+    a_done.set()
+    if thread_b.is_alive() or thread_b.ident is not None:
+        thread_b.join(20)
+    if errors:
+        raise errors[0]
+
+
+def scenario_two_threads_compaction_and_add(engine: Engine) -> list[str]:
+    """Thread A compacts away ``a`` while thread B of the same process adds ``b`` (D-11).
+
+    B is started when A is about to rename the compacted file over the data file. A
+    correct store makes B wait (its process-local mutex is taken), so ``b`` lands in the
+    new file; a store that relies on flock alone lets B append to the old inode, which
+    A's rename then discards.
+    """
+    disk = SimDisk(7)
+    hooks = Hooks()
+    backend = engine.disk_class(path=PATH, prefix=PREFIX, fsync_frequency=0,
+                                env=HookEnv(disk.process(), hooks))
+    model = StorageModel()
+    _add_dead(model, backend, "a")
+    _interleave(hooks, lambda: _remove_dead(model, backend, "a"), "rename",
+                lambda: _add_dead(model, backend, "b"))
+    backend.close()
+    return check_disk(engine, disk, model)
+
+
+def scenario_two_processes_compaction_and_add(engine: Engine) -> list[str]:
+    """Process P1 compacts away ``a`` while process P2 adds ``b`` (D-11, the renamed-inode race).
+
+    P2 starts when P1 is about to rename; P2 finds the store locked and sleeps; P1
+    finishes; P2 retries. A store locking the data file itself lets P2 lock and write
+    the replaced inode.
+    """
+    disk = SimDisk(8)
+    hooks = Hooks()
+    p1 = engine.disk_class(path=PATH, prefix=PREFIX, fsync_frequency=0,
+                           env=HookEnv(disk.process(), hooks))
+    p2 = engine.disk_class(path=PATH, prefix=PREFIX, fsync_frequency=0,
+                           env=HookEnv(disk.process(), hooks))
+    model = StorageModel()
+    _add_dead(model, p1, "a")
+    _interleave(hooks, lambda: _remove_dead(model, p1, "a"), "rename",
+                lambda: _add_dead(model, p2, "b"))
+    p1.close()
+    p2.close()
+    return check_disk(engine, disk, model)
+
+
+def scenario_add_after_other_process_compacted(engine: Engine) -> list[str]:
+    """P1 adds ``a``; P2 adds ``b`` and compacts ``a`` away; P1 adds ``c`` (S-3, D-11).
+
+    Sequential: a store that kept P1's data descriptor open writes ``c`` to the inode
+    P2's compaction replaced.
+    """
+    disk = SimDisk(9)
+    p1 = engine.disk_class(path=PATH, prefix=PREFIX, fsync_frequency=0, env=disk.process())
+    p2 = engine.disk_class(path=PATH, prefix=PREFIX, fsync_frequency=0, env=disk.process())
+    model = StorageModel()
+    _add_dead(model, p1, "a")
+    _add_dead(model, p2, "b")
+    _remove_dead(model, p2, "a")
+    _add_dead(model, p1, "c")
+    p1.close()
+    p2.close()
+    return check_disk(engine, disk, model)
+
+
+SPIN_BOUND_S = 60.0
+
+
+def scenario_lock_held_by_another_process(engine: Engine) -> list[str]:
+    """Another process holds the store's lock: ``add_dead_task`` must give up (L-3, D-8).
+
+    The bound is on simulated time: the lock retries sleep on the simulated clock, and a
+    sleep hook raises once more than ``SPIN_BOUND_S`` were slept in one call.
+    """
+    disk = SimDisk(10)
+    hooks = Hooks()
+    backend = engine.disk_class(path=PATH, prefix=PREFIX, fsync_frequency=0,
+                                env=HookEnv(disk.process(), hooks))
+    holder = disk.process()
+    fd = holder.open(f"{PATH}/{PREFIX}dead_tasks.lock", OpenFlag.READ | OpenFlag.WRITE)
+    assert holder.flock_exclusive_nb(fd)
+    name = threading.current_thread().name
+
+    def bound() -> None:
+        if hooks.slept_s.get(name, 0.0) > SPIN_BOUND_S:
+            raise LockSpinning
+
+    hooks.on_sleep[name] = bound
+    model = StorageModel()
+    out: list[str] = []
+    try:
+        _add_dead(model, backend, "a")
+    except LockSpinning:
+        out.append(f"add_dead_task still waiting for the lock after {SPIN_BOUND_S:g}s of "
+                   "simulated time instead of raising DeadTasksLockTimeout (L-3, D-8)")
+        model = StorageModel()
+    hooks.on_sleep.clear()
+    holder.close(fd)
+    backend.close()
+    return out + check_disk(engine, disk, model)
+
+
+# ============================================================================ the registry
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("no-dead-tail-repair", "S-4, D-12: dead-task append without cutting a torn tail",
+           "exploration: torn dead-task write, process kill, the recovery probe's add is lost",
+           Engine("no-dead-tail-repair", _disk("NoDeadTailRepair", dead=NoDeadTailRepairStore)),
+           workloads=(_w(ADD, Step("give_up", 0, "t1")),)),
+    Mutant("in-place-remove", "S-5, D-9: compaction truncates and rewrites the data file",
+           "exploration: seeded store, power loss inside remove_dead loses d0's neighbour",
+           Engine("in-place-remove", _disk("InPlaceRemove", dead=InPlaceRemoveStore)),
+           workloads=(_w(Step("give_up", 0, "p0"), Step("remove_dead", 0, "d0"),
+                         start="seeded"),)),
+    Mutant("rename-unsynced-tmp", "S-5, D-9: rename without fsyncing the compaction file",
+           "exploration: power loss after remove_dead returned loses the surviving record",
+           Engine("rename-unsynced-tmp", _disk("RenameUnsynced", dead=RenameUnsyncedTmpStore)),
+           workloads=(_w(Step("give_up", 0, "p0"), Step("remove_dead", 0, "d0"),
+                         start="seeded"),)),
+    Mutant("no-dir-fsync-after-rename", "S-5, D-6, D-9: compaction acked before the rename is durable",
+           "exploration: power loss after remove_dead returned brings d0 back",
+           Engine("no-dir-fsync-after-rename",
+                  _disk("NoDirFsyncRename", dead=NoDirFsyncAfterRenameStore)),
+           workloads=(_w(Step("remove_dead", 0, "d0"), start="seeded"),)),
+    Mutant("no-dir-fsync-after-create", "S-1, D-6: dead-task data file created without a directory fsync",
+           "exploration: power loss after add_dead_task returned loses the file's name",
+           Engine("no-dir-fsync-after-create",
+                  _disk("NoDirFsyncCreate", dead=NoDirFsyncAfterCreateStore)),
+           workloads=(_w(ADD, Step("give_up", 0, "t1")),)),
+    Mutant("flock-data-file", "L-1, S-2, D-11: locks the data file instead of the lock file",
+           "scenario: two processes, add waits for the lock during a compaction's rename",
+           Engine("flock-data-file", _disk("FlockDataFile", dead=FlockDataFileStore)),
+           scenario=scenario_two_processes_compaction_and_add),
+    Mutant("cached-data-fd", "S-3, D-11: keeps the data file descriptor across operations",
+           "scenario: two processes, add after the other process compacted",
+           Engine("cached-data-fd", _disk("CachedDataFd", dead=CachedDataFdStore)),
+           scenario=scenario_add_after_other_process_compacted),
+    Mutant("no-local-mutex", "L-1, A-8, D-11: no process-local exclusion (flock only)",
+           "scenario: two threads of one process, add during a compaction's rename",
+           Engine("no-local-mutex", _disk("NoLocalMutex", dead=NoLocalMutexStore)),
+           scenario=scenario_two_threads_compaction_and_add),
+    Mutant("blocking-lock", "L-3, D-8: lock wait without bound",
+           "scenario: lock held elsewhere; bounded simulated-time check",
+           Engine("blocking-lock", _disk("BlockingLock", dead=BlockingLockStore)),
+           scenario=scenario_lock_held_by_another_process),
+    Mutant("swapped-handoff", "D-13: WAL removal before the dead-task write",
+           "exploration: crash between the two calls of give_up loses the task",
+           Engine("swapped-handoff", Disk, swapped_handoff),
+           workloads=(_w(ADD, Step("give_up", 0, "t1")),)),
+    Mutant("retry-failed-fsync", "W-12, A-7, D-10: retries a failed WAL fsync and reports success",
+           "exploration: FsyncEio at the add's fsync, power loss loses the acked task",
+           Engine("retry-failed-fsync", _disk("RetryFsync", wal=RetryFailedFsyncWal)),
+           workloads=(_w(ADD),)),
+    Mutant("no-wal-tail-repair", "W-3, D-5, D-12: appends to an adopted WAL after a torn tail",
+           "exploration: torn WAL write, process kill, the recovery probe's add is lost",
+           Engine("no-wal-tail-repair", _disk("NoWalTailRepair", wal=NoTailRepairWal)),
+           workloads=(_w(ADD),)),
+    Mutant("unlink-before-synced-copy", "W-10, D-3: rotation unlinks the old WAL before the copy is synced",
+           "exploration with a tiny rotation limit: power loss inside rotation loses t2",
+           Engine("unlink-before-synced-copy",
+                  _disk("UnlinkEarly", wal=UnlinkBeforeSyncedCopyWal)),
+           workloads=(_w(ADD, ADD, Step("remove", 0, "t1"), rotate=True),)),
+)
+
+__all__ = ["MUTANTS"]
