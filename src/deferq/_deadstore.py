@@ -34,7 +34,7 @@ from deferq._format import (
     encode_dead,
 )
 from deferq._io import join, lines_backward, lines_forward, repair_tail, write_all
-from deferq._recovery import RawLine, strip_nul_damage
+from deferq._recovery import RawLine, line_body
 from deferq._limits import FILE_MODE, LOCK_ATTEMPTS_MAX, WRITE_BATCH_BYTES, lock_sleep_s
 from deferq._types import DeadTask
 
@@ -62,13 +62,13 @@ def ancestors(path: str) -> list[str]:
 
 def _dead_line(raw: RawLine) -> tuple[DeadLine | None, bytes | None, int]:
     """One line's framed record, its bytes (after any R-@K hole) and its damage count."""
-    if raw.data is None or not raw.complete:
-        return None, None, 1
-    data, holed = strip_nul_damage(raw.data)
-    framed = decode_dead_line(data) if data else None
-    if framed is None or isinstance(framed, BadLine):
-        return None, None, 1 + int(holed and bool(data))
-    return framed, data, int(holed)
+    data, faults = line_body(raw)
+    if data is None:
+        return None, None, len(faults)
+    framed = decode_dead_line(data)
+    if isinstance(framed, BadLine):
+        return None, None, len(faults) + 1
+    return framed, data, len(faults)
 
 
 # The lock file holds no data; its size says whether a compaction's rename may not be

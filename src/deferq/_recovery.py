@@ -194,6 +194,23 @@ def strip_nul_damage(data: bytes) -> tuple[bytes, bool]:
     return (data, False) if index < 0 else (data[index + 1:], True)
 
 
+def line_body(raw: RawLine) -> tuple[bytes | None, tuple[LineFault, ...]]:
+    """The bytes of a line that are left to decode, and the damage met before decoding.
+
+    Every reader applies the same first rows of the table here: a torn tail
+    (R-@F) or an over-long line (R-@E) has nothing to decode; a zero-filled
+    hole (R-@K) is cut off and what follows it, if anything, is decoded.
+    """
+    if raw.data is None:
+        return None, (LineFault.OVERLONG if raw.complete else LineFault.TORN_TAIL,)
+    if not raw.complete:
+        return None, (LineFault.TORN_TAIL,)
+    data, holed = strip_nul_damage(raw.data)
+    if not holed:
+        return data, ()
+    return (data if data else None), (LineFault.NUL_HOLE,)
+
+
 def tail_cut(chunk: bytes, chunk_offset: int) -> int | None:
     """Where tail repair truncates, given a chunk that ends at the file's end (R-@F).
 
@@ -225,17 +242,11 @@ class WalReplay:
 
     def apply(self, raw: RawLine) -> bytes | None:
         """Apply one line; return the valid record's bytes (to copy), or None for damage."""
-        if raw.data is None:
-            self._fault(LineFault.OVERLONG if raw.complete else LineFault.TORN_TAIL)
+        data, faults = line_body(raw)
+        for fault in faults:
+            self._fault(fault)
+        if data is None:
             return None
-        if not raw.complete:
-            self._fault(LineFault.TORN_TAIL)
-            return None
-        data, holed = strip_nul_damage(raw.data)
-        if holed:
-            self._fault(LineFault.NUL_HOLE)  # R-@K: the rest may still be a valid record.
-            if not data:
-                return None
         record = decode_wal_line(data)
         if isinstance(record, BadLine):
             self._fault(record.fault)

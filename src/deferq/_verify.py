@@ -24,7 +24,7 @@ from deferq._format import (
     is_wal_file_name,
 )
 from deferq._io import join, lines_forward
-from deferq._recovery import strip_nul_damage
+from deferq._recovery import line_body
 
 
 @dataclass(slots=True)
@@ -57,18 +57,13 @@ def verify_file(env: Env, path: str, name: str, kind: str) -> FileReport | None:
     try:
         report.size_bytes = env.fstat(fd).size
         for raw in lines_forward(env, fd, report.size_bytes):
+            data, faults = line_body(raw)
+            for fault in faults:
+                _fault(report, fault)
             if not raw.complete:
                 report.torn_tail_bytes = report.size_bytes - raw.offset
-                _fault(report, LineFault.TORN_TAIL)
+            if data is None:
                 continue
-            if raw.data is None:
-                _fault(report, LineFault.OVERLONG)
-                continue
-            data, holed = strip_nul_damage(raw.data)
-            if holed:
-                _fault(report, LineFault.NUL_HOLE)
-                if not data:
-                    continue
             if kind == "wal":
                 record = decode_wal_line(data)
                 if isinstance(record, BadLine):
