@@ -8,24 +8,39 @@ Theory of operation (the reference design, ../shared/reference/dead-letter-desig
   process-local mutex in one bounded retry loop (L-1..L-3), then opens the data
   file by path: no data descriptor outlives an operation (S-3), so nobody
   writes to an inode a compaction has replaced.
-- add: serialize first, then under the lock cut a torn tail, append one line,
-  fsync (S-4). remove: survivors to ``.tmp``, fsync, rename, fsync the
+- add: serialize first, then under the lock cut a torn tail, append, fsync
+  (S-4). Threads of one process that add at once are committed as a group: the
+  thread holding the locks appends every queued line in one write and one
+  fsync (S-14). remove: survivors to ``.tmp``, fsync, rename, fsync the
   directory; with no match the live file is untouched and nothing is fsynced
-  (S-5). list/find read backwards from the newest end in bounded chunks (S-6).
+  (S-5). list/find read backwards from the newest end in bounded chunks (S-6),
+  or, once built, through a per-process index of the data file that is checked
+  against the file under the lock before each use (S-10..S-13, ``_deadindex``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
 from collections.abc import Iterator
+from zlib import crc32
 
-from deferq._env import Env, OpenFlag
+from deferq._deadindex import (
+    DEAD_BODY_PREFIX,
+    ID_START,
+    DeadIndex,
+    NeedleScan,
+    StaleIndex,
+    dead_line,
+)
+from deferq._env import Env, FileStat, OpenFlag
 from deferq._errors import DeadTasksLockTimeout, StorageBrokenError, StorageClosedError
 from deferq._format import (
+    CRC_HEX_BYTES,
+    HEADER_BYTES,
     BadLine,
-    DeadLine,
     dead_data_name,
     dead_lock_name,
     dead_tmp_name,
@@ -33,12 +48,23 @@ from deferq._format import (
     decode_dead_payload,
     encode_dead,
 )
-from deferq._io import join, lines_backward, lines_forward, repair_tail, write_all
-from deferq._recovery import RawLine, line_body
-from deferq._limits import FILE_MODE, LOCK_ATTEMPTS_MAX, WRITE_BATCH_BYTES, lock_sleep_s
+from deferq._io import join, lines_backward, repair_tail, write_all
+from deferq._limits import (
+    FILE_MODE,
+    GROUP_COMMIT_ROUNDS_MAX,
+    LINE_BYTES_MAX,
+    LOCK_ATTEMPTS_MAX,
+    READ_CHUNK_BYTES,
+    TASK_ID_BYTES_MAX,
+    WRITE_BATCH_BYTES,
+    lock_sleep_s,
+)
+from deferq._recovery import RawLine
 from deferq._types import DeadTask
 
 log = logging.getLogger("deferq")
+
+_dead_line = dead_line  # the name the mutant catalogue and older code use
 
 
 def parent_dir(path: str) -> str:
@@ -60,24 +86,28 @@ def ancestors(path: str) -> list[str]:
             return out
 
 
-def _dead_line(raw: RawLine) -> tuple[DeadLine | None, bytes | None, int]:
-    """One line's framed record, its bytes (after any R-@K hole) and its damage count."""
-    data, faults = line_body(raw)
-    if data is None:
-        return None, None, len(faults)
-    framed = decode_dead_line(data)
-    if isinstance(framed, BadLine):
-        return None, None, len(faults) + 1
-    return framed, data, len(faults)
-
-
 # The lock file holds no data; its size says whether a compaction's rename may not be
 # durable yet (S-9): 0 = settled, COMPACTION_MARK_BYTES = a rename is in flight.
 COMPACTION_MARK_BYTES = 1
 
 
+class _AddRequest:
+    """One caller's line waiting for a group commit (S-14)."""
+
+    __slots__ = ("claimed", "committer", "error", "finished", "line")
+
+    def __init__(self, line: bytes) -> None:
+        self.line = line
+        self.claimed = False  # a leader took it: only that leader may finish it
+        self.finished = False
+        self.error: BaseException | None = None
+        self.committer = 0  # the thread id of the leader that wrote it
+
+
 class DeadTaskStore:
     """The shared dead-task store of one storage directory and prefix. Thread-safe."""
+
+    _index_class: type[DeadIndex] = DeadIndex  # S-10 (a mutant swaps it for a weaker one)
 
     def __init__(self, env: Env, path: str, prefix: str) -> None:
         self._env = env
@@ -88,6 +118,7 @@ class DeadTaskStore:
         self._closed = False
         self._broken = False
         self._pid = env.getpid()
+        self._init_process_state()
         # Implements S-1: the lock file is opened once and kept; it is never renamed.
         self._lock_fd = env.open(join(path, dead_lock_name(prefix)),
                                  OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE, FILE_MODE)
@@ -100,6 +131,15 @@ class DeadTaskStore:
         except BaseException:
             env.close(self._lock_fd)
             raise
+
+    def _init_process_state(self) -> None:
+        """The group-commit queue (S-14) and the per-process index (S-10), both empty."""
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list[_AddRequest] = []
+        self._leading = False
+        self._index: DeadIndex | None = None
+        # Bytes read by scans since the index was last dropped (S-11's build rule).
+        self._cold_bytes = 0
 
     # ------------------------------------------------------------------ locking
 
@@ -144,6 +184,7 @@ class DeadTaskStore:
     def _fail_stop(self, message: str, exc: OSError) -> StorageBrokenError:
         """Implements D-10: after a failed fsync nothing later may be acknowledged."""
         self._broken = True
+        self._index = None
         return StorageBrokenError(message)
 
     def _open_data(self, flags: OpenFlag) -> int | None:
@@ -153,30 +194,140 @@ class DeadTaskStore:
         except FileNotFoundError:
             return None
 
+    # ------------------------------------------------------------------ the index
+
+    def _drop_index(self) -> None:
+        self._index = None
+        self._cold_bytes = 0
+
+    def _checked_index(self, fd: int, stat: FileStat, *, build: bool = False) -> DeadIndex | None:
+        """Implements S-10, S-11: the index, checked against ``fd`` and extended; or None.
+
+        With no usable index, one is built from the whole file when ``build`` is
+        set or when scans since the last drop have read as many bytes as the file
+        holds (so a build costs at most one more scan's worth of work per scan).
+        """
+        env = self._env
+        index = self._index
+        if index is None and not (
+                build or (stat.size and self._cold_bytes >= stat.size)):
+            return None
+        lock_ctime = env.fstat(self._lock_fd).ctime_ns
+        if index is not None and not index.usable(env, fd, stat, lock_ctime):
+            self._drop_index()
+            index = None
+            if not build:
+                return None
+        if index is None:
+            index = self._index_class(stat, lock_ctime)
+        try:
+            index.extend(env, fd, stat.size)
+        except BaseException:
+            self._drop_index()
+            raise
+        self._index = index
+        return index
+
     # ------------------------------------------------------------------ operations
 
     def add(self, task: DeadTask) -> str:
-        """Append one dead task durably (S-4). ``task`` was validated by the caller."""
-        line = encode_dead(task)  # Implements S-4: serialize before taking the lock.
-        env = self._env
-        with self._locked("add a task to"):
-            self._settle_compaction()
-            fd = self._open_data(OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND)
-            created = fd is None
-            if fd is None:
-                # S-1: someone removed the data file; recreate it and make its name durable.
-                fd = env.open(self._data, OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND
-                              | OpenFlag.CREATE, FILE_MODE)
+        """Append one dead task durably (S-4), committed with concurrent adds (S-14).
+
+        ``task`` was validated by the caller.
+        """
+        request = _AddRequest(encode_dead(task))  # Implements S-4: serialize before locking.
+        cond = self._cond
+        with cond:
+            self._queue.append(request)
+            # Implements S-14: one thread of this process at a time tries to take the locks
+            # for the queued lines (the leader); the others wait for its outcome.
+            while not request.finished and self._leading:
+                cond.wait()
+            lead = not request.finished
+            if lead:
+                self._leading = True
+        if lead:
             try:
-                self._append_durably(fd, line)
+                self._lead_adds()
             finally:
-                env.close(fd)
-            if created:
-                try:
-                    env.fsync_dir(self._path)
-                except OSError as exc:
-                    raise self._fail_stop("fsync of the storage directory failed", exc) from exc
+                with cond:
+                    self._leading = False
+                    cond.notify_all()
+        error = request.error
+        if error is not None:
+            if request.committer == threading.get_ident():
+                raise error
+            # Another thread's batch failed with this line in it (S-14): the same error,
+            # as a copy, so that each thread's traceback is its own.
+            clone = copy.copy(error)
+            clone.__cause__ = error.__cause__
+            raise clone
         return task.id
+
+    def _lead_adds(self) -> None:
+        """Implements S-14: take the locks, then commit the queued lines in rounds.
+
+        If the locks cannot be taken (L-3) or the store refuses work, every line still
+        queued fails with that error, none of it written; the exception propagates.
+        """
+        cond = self._cond
+        try:
+            with self._locked("add a task to"):
+                for _ in range(GROUP_COMMIT_ROUNDS_MAX):
+                    with cond:
+                        batch, self._queue = self._queue, []
+                        for queued in batch:
+                            queued.claimed = True
+                            queued.committer = threading.get_ident()
+                    if not batch:
+                        break
+                    error: BaseException | None = None
+                    try:
+                        self._append_batch([queued.line for queued in batch])
+                    except BaseException as exc:  # every caller of the batch gets it (S-14)
+                        error = exc
+                    with cond:
+                        for queued in batch:
+                            queued.error = error
+                            queued.finished = True
+                        cond.notify_all()
+                    if error is not None:
+                        break
+        except BaseException as exc:
+            with cond:
+                left, self._queue = self._queue, []
+                for queued in left:  # L-3, D-8: withdrawn, nothing of them was written
+                    queued.error = exc
+                    queued.committer = threading.get_ident()
+                    queued.finished = True
+                cond.notify_all()
+            raise
+
+    def _append_batch(self, lines: list[bytes]) -> None:
+        """One write and one fsync for every line of a group (S-4, S-14), under the locks."""
+        env = self._env
+        self._settle_compaction()
+        fd = self._open_data(OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND)
+        created = fd is None
+        if fd is None:
+            # S-1: someone removed the data file; recreate it and make its name durable.
+            fd = env.open(self._data, OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND
+                          | OpenFlag.CREATE, FILE_MODE)
+        try:
+            index = None if self._index is None else self._checked_index(fd, env.fstat(fd))
+            self._append_durably(fd, lines[0] if len(lines) == 1 else b"".join(lines))
+            if index is not None:
+                try:
+                    index.extend(env, fd, env.fstat(fd).size)  # S-10: our own append
+                except OSError:
+                    self._drop_index()  # the add is durable; only the index is lost
+        finally:
+            env.close(fd)
+        if created:
+            try:
+                env.fsync_dir(self._path)
+            except OSError as exc:
+                raise self._fail_stop("fsync of the storage directory failed", exc) from exc
 
     def _append_durably(self, fd: int, line: bytes) -> None:
         """Implements S-4: cut a torn tail, append, fsync; on failure cut the append back.
@@ -209,62 +360,142 @@ class DeadTaskStore:
         if limit == 0:
             self._check_usable()
             return []
-        return self._scan_newest_first(None, offset, limit)
+        env = self._env
+        with self._locked("read tasks from"):
+            fd = self._open_data(OpenFlag.READ)
+            if fd is None:
+                return []
+            try:
+                stat = env.fstat(fd)
+                # S-11: a list of everything reads the whole file anyway: index it first.
+                index = self._checked_index(fd, stat, build=limit is None)
+                if index is not None:
+                    try:
+                        return self._list_indexed(index, fd, stat.size, offset, limit)
+                    except StaleIndex:
+                        self._drop_index()
+                return self._scan_newest_first(fd, stat.size, offset, limit)
+            finally:
+                env.close(fd)
 
     def find(self, task_id: str) -> DeadTask | None:
         """The latest record of ``task_id``, or None (S-6, R-@H)."""
-        found = self._scan_newest_first(task_id, 0, 1)
-        return found[0] if found else None
+        env = self._env
+        with self._locked("read tasks from"):
+            fd = self._open_data(OpenFlag.READ)
+            if fd is None:
+                return None
+            try:
+                stat = env.fstat(fd)
+                index = self._checked_index(fd, stat)
+                if index is not None:
+                    try:
+                        return self._find_indexed(index, fd, stat.size, task_id)
+                    except StaleIndex:
+                        self._drop_index()
+                return self._find_scan(fd, stat.size, task_id)
+            finally:
+                env.close(fd)
 
-    def _scan_newest_first(self, only_id: str | None, offset: int,
+    def _report(self, corrupt: int, undecodable: list[str]) -> None:
+        """Implements S-7: one error per undecodable record, one warning for the damage."""
+        for task_id in undecodable:
+            log.error("Can't deserialize the dead-lettered task with id %s", task_id)
+        if corrupt:
+            log.warning("Detected %d corrupted dead-lettered task record(s) in %s",
+                        corrupt, self._data)
+
+    def _list_indexed(self, index: DeadIndex, fd: int, size: int, offset: int,
+                      limit: int | None) -> list[DeadTask]:
+        """Implements S-11, S-12: the page of S-6 read through the index."""
+        out: list[DeadTask] = []
+        undecodable: list[str] = []
+        stop = 0  # a scan that does not fill the page reads the whole file
+        for position in index.newest(offset):
+            task = decode_dead_payload(index.read(self._env, fd, position))
+            if isinstance(task, BadLine):
+                undecodable.append(index.ids[position])
+            else:
+                out.append(task)
+                if limit is not None and len(out) >= limit:
+                    stop = index.key(position)
+                    break
+        corrupt = (1 if size > index.end else 0) + sum(
+            damage.faults for damage in index.damage_from(stop))
+        self._report(corrupt, undecodable)
+        return out
+
+    def _find_indexed(self, index: DeadIndex, fd: int, size: int,
+                      task_id: str) -> DeadTask | None:
+        """Implements S-11, S-12: find through the index, counting damage as S-7 says."""
+        env = self._env
+        needle = _needle(task_id)
+        position = index.latest.get(task_id)
+        framed = None if position is None else index.read(env, fd, position)
+        corrupt = 0
+        if index.end < size <= index.end + LINE_BYTES_MAX:
+            corrupt += needle in env.pread(fd, size - index.end, index.end)
+        for damage in index.damage_from(0 if position is None else index.key(position)):
+            if damage.readable and damage.length >= len(needle):
+                if needle in env.pread(fd, damage.length, damage.start):
+                    corrupt += damage.faults
+        found = None if framed is None else decode_dead_payload(framed)
+        self._report(corrupt, [task_id] if isinstance(found, BadLine) else [])
+        return found if isinstance(found, DeadTask) else None
+
+    def _find_scan(self, fd: int, size: int, task_id: str) -> DeadTask | None:
+        """Implements S-6, S-7, S-13: the lines holding the id's body prefix, newest first."""
+        scan = NeedleScan(self._env, fd, size, _needle(task_id))
+        corrupt = 0
+        found: DeadTask | None = None
+        undecodable: list[str] = []
+        for raw in scan.lines():
+            framed, _, faults = dead_line(raw)
+            corrupt += faults
+            if framed is None or framed.task_id != task_id:
+                continue
+            task = decode_dead_payload(framed)
+            if isinstance(task, BadLine):
+                undecodable.append(task_id)
+            else:
+                found = task
+            break
+        self._cold_bytes += scan.bytes_read
+        self._report(corrupt, undecodable)
+        return found
+
+    def _scan_newest_first(self, fd: int, size: int, offset: int,
                            limit: int | None) -> list[DeadTask]:
         """Up to ``limit`` decoded tasks newest first, read backwards in chunks under the lock.
 
         The first ``offset`` distinct ids (latest records with a valid frame) are
         skipped without decoding their payloads, so only their ids are held (D-14).
-        Stops reading as soon as it has ``limit`` tasks, or, for ``only_id``, at the
-        latest record of that id (whether or not its payload decodes).
+        Stops reading as soon as it has ``limit`` tasks.
         """
-        env = self._env
         out: list[DeadTask] = []
-        with self._locked("read tasks from"):
-            fd = self._open_data(OpenFlag.READ)
-            if fd is None:
-                return out
-            seen: set[str] = set()
-            corrupt = 0
-            # For find, lines of other ids are skipped by a prefix test before any CRC work
-            # (S-7: find counts damage only among the requested id's lines).
-            wanted_prefix = None if only_id is None else (
-                b"dead_task:" + only_id.encode("utf-8") + b":")
-            try:
-                for raw in lines_backward(env, fd, env.fstat(fd).size):
-                    if wanted_prefix is not None and (
-                            raw.data is None or wanted_prefix not in raw.data):
-                        continue
-                    framed, _, faults = _dead_line(raw)
-                    corrupt += faults
-                    if framed is None:
-                        continue
-                    if framed.task_id in seen or (only_id is not None and framed.task_id != only_id):
-                        continue
-                    seen.add(framed.task_id)
-                    if offset:
-                        offset -= 1
-                        continue
-                    task = decode_dead_payload(framed)
-                    if isinstance(task, BadLine):
-                        log.error("Can't deserialize the dead-lettered task with id %s",
-                                  framed.task_id)
-                    else:
-                        out.append(task)
-                    if only_id is not None or (limit is not None and len(out) >= limit):
-                        break
-            finally:
-                env.close(fd)
-            if corrupt:
-                log.warning("Detected %d corrupted dead-lettered task record(s) in %s",
-                            corrupt, self._data)
+        seen: set[str] = set()
+        corrupt = 0
+        low = size
+        undecodable: list[str] = []
+        for raw in lines_backward(self._env, fd, size):
+            low = raw.offset
+            framed, _, faults = dead_line(raw)
+            corrupt += faults
+            if framed is None or framed.task_id in seen:
+                continue
+            seen.add(framed.task_id)
+            if offset:
+                offset -= 1
+                continue
+            task = decode_dead_payload(framed)
+            if isinstance(task, BadLine):
+                undecodable.append(framed.task_id)
+            else:
+                out.append(task)
+            if limit is not None and len(out) >= limit:
+                break
+        self._cold_bytes += size - low
+        self._report(corrupt, undecodable)
         return out
 
     def remove(self, task_ids: set[str]) -> int:
@@ -289,6 +520,7 @@ class DeadTaskStore:
             # Implements S-9: mark the rename in flight, so that if this process dies before
             # the directory fsync, the next writer under the lock makes the rename durable
             # before it acknowledges anything written to the new inode.
+            self._drop_index()  # S-10: the data file is about to be another inode
             env.ftruncate(self._lock_fd, COMPACTION_MARK_BYTES)
             env.rename(self._tmp, self._data)
             self._fsync_dir_after_rename()
@@ -312,29 +544,89 @@ class DeadTaskStore:
             self._fsync_dir_after_rename()
 
     def _copy_survivors(self, tmp_fd: int, task_ids: set[str]) -> set[str]:
+        """Implements S-5, S-15: copy every valid record not requested, in large batches.
+
+        One forward pass in ``READ_CHUNK_BYTES`` chunks; each line's frame is
+        checked (CRC and id) but no payload is decoded, and runs of surviving
+        lines are copied as slices of the chunk. Damaged lines are dropped and
+        counted exactly as the line splitter of ``_recovery`` would (R-@B..R-@F,
+        R-@K): only lines that are not a clean valid record, or that span two
+        chunks, take the slow path through ``dead_line``.
+        """
         env = self._env
         fd = self._open_data(OpenFlag.READ)
         if fd is None:
             return set()
+        wanted = {task_id.encode("utf-8"): task_id for task_id in task_ids}
         found: set[str] = set()
-        batch: list[bytes] = []
-        batch_bytes = 0
+        out = _Batches(env, tmp_fd)
         dropped = 0
         try:
-            for raw in lines_forward(env, fd, env.fstat(fd).size):
-                framed, data, faults = _dead_line(raw)
-                dropped += faults  # Damage is dropped by compaction (R-@B..R-@F, R-@K).
-                if framed is None or data is None:
-                    continue
-                if framed.task_id in task_ids:
-                    found.add(framed.task_id)
-                    continue
-                batch.append(data + b"\n")
-                batch_bytes += len(data) + 1
-                if batch_bytes >= WRITE_BATCH_BYTES:
-                    write_all(env, tmp_fd, b"".join(batch))
-                    batch, batch_bytes = [], 0
-            write_all(env, tmp_fd, b"".join(batch))
+            size = env.fstat(fd).size
+            offset = 0
+            carry: list[bytes] = []
+            carry_bytes = 0
+            overlong = False
+            while offset < size:
+                chunk = env.pread(fd, min(READ_CHUNK_BYTES, size - offset), offset)
+                if not chunk:
+                    break  # The file shrank under us; what was read is all there is.
+                offset += len(chunk)
+                clean = b"\0" not in chunk
+                pos = 0  # where the next line starts in the chunk
+                run = 0  # where the current run of surviving lines started
+                newline = chunk.find(b"\n")
+                if newline >= 0 and (carry_bytes or overlong):
+                    # The line that began in an earlier chunk ends here: the slow path.
+                    length = carry_bytes + newline
+                    if overlong or length > LINE_BYTES_MAX:
+                        dropped += 1  # R-@E
+                    else:
+                        dropped += _copy_line(out, b"".join(carry) + chunk[:newline],
+                                              task_ids, found)
+                    carry, carry_bytes, overlong = [], 0, False
+                    pos = run = newline + 1
+                    newline = chunk.find(b"\n", pos)
+                view = memoryview(chunk)
+                while newline >= 0:
+                    short = newline - pos <= LINE_BYTES_MAX
+                    # clean_id(chunk, pos, newline), inlined: this loop runs once per record.
+                    raw_id = None
+                    id_start = pos + ID_START
+                    if (clean and short and id_start < newline
+                            and chunk[pos + CRC_HEX_BYTES] == 0x3A
+                            and chunk.startswith(DEAD_BODY_PREFIX, pos + HEADER_BYTES)
+                            and b"%08x" % crc32(view[pos + HEADER_BYTES:newline])
+                            == chunk[pos:pos + CRC_HEX_BYTES]):
+                        colon = chunk.find(b":", id_start, newline)
+                        if colon > id_start:
+                            raw_id = chunk[id_start:colon]
+                            if not raw_id.isascii() or len(raw_id) > TASK_ID_BYTES_MAX:
+                                raw_id = None
+                    if raw_id is not None and raw_id not in wanted:
+                        pass  # a survivor: it stays in the run
+                    else:
+                        out.add(chunk[run:pos])
+                        if raw_id is not None:
+                            found.add(wanted[raw_id])
+                        elif not short:
+                            dropped += 1  # R-@E
+                        else:
+                            dropped += _copy_line(out, chunk[pos:newline], task_ids, found)
+                        run = newline + 1
+                    pos = newline + 1
+                    newline = chunk.find(b"\n", pos)
+                out.add(chunk[run:pos])
+                rest = len(chunk) - pos
+                if rest:
+                    carry_bytes += rest
+                    if overlong or carry_bytes > LINE_BYTES_MAX:
+                        overlong, carry = True, []
+                    else:
+                        carry.append(chunk[pos:])
+            if carry_bytes or overlong:
+                dropped += 1  # the torn tail (R-@F)
+            out.flush()
         finally:
             env.close(fd)
         if dropped and found:
@@ -348,4 +640,43 @@ class DeadTaskStore:
             if self._closed:
                 return
             self._closed = True
+            self._index = None
             self._env.close(self._lock_fd)
+
+
+class _Batches:
+    """Bytes for the staging file, written in batches of about ``WRITE_BATCH_BYTES`` (S-15)."""
+
+    def __init__(self, env: Env, fd: int) -> None:
+        self._env = env
+        self._fd = fd
+        self._parts: list[bytes] = []
+        self._bytes = 0
+
+    def add(self, data: bytes) -> None:
+        if data:
+            self._parts.append(data)
+            self._bytes += len(data)
+            if self._bytes >= WRITE_BATCH_BYTES:
+                self.flush()
+
+    def flush(self) -> None:
+        if self._parts:
+            write_all(self._env, self._fd, b"".join(self._parts))
+            self._parts, self._bytes = [], 0
+
+
+def _copy_line(out: _Batches, line: bytes, task_ids: set[str], found: set[str]) -> int:
+    """The slow path of one complete line: keep it, drop it, or keep its R-@K rest."""
+    framed, data, faults = dead_line(RawLine(0, line))
+    if framed is not None and data is not None:
+        if framed.task_id in task_ids:
+            found.add(framed.task_id)
+        else:
+            out.add(data + b"\n")
+    return faults
+
+
+def _needle(task_id: str) -> bytes:
+    """The body prefix of ``task_id``'s records: find's filter before any CRC work (S-7)."""
+    return b"dead_task:" + task_id.encode("utf-8") + b":"

@@ -206,9 +206,11 @@ def encode_add(task_id: str, publish_at: int | None, context: bytes) -> bytes:
     pre: publish_at is None or publish_at > 0
     post: decode_wal_line(__return__[:-1]) == WalAdd(task_id, publish_at, context)
     """
-    when = NO_PUBLISH_AT if publish_at is None else b"%d" % publish_at
-    payload = binascii.b2a_base64(context, newline=False)
-    return frame(b"add:" + task_id.encode("utf-8") + b":" + when + b":" + payload)
+    # One body and one line, no intermediate concatenations; the same bytes as frame().
+    body = b"add:%b:%b:%b" % (task_id.encode("utf-8"),
+                              NO_PUBLISH_AT if publish_at is None else b"%d" % publish_at,
+                              binascii.b2a_base64(context, newline=False))
+    return b"%08x:%b\n" % (zlib.crc32(body), body)
 
 
 def encode_rem(task_id: str) -> bytes:
@@ -217,7 +219,8 @@ def encode_rem(task_id: str) -> bytes:
     pre: task_id_problem(task_id) is None
     post: decode_wal_line(__return__[:-1]) == WalRem(task_id)
     """
-    return frame(b"rem:" + task_id.encode("utf-8"))
+    body = b"rem:" + task_id.encode("utf-8")
+    return b"%08x:%b\n" % (zlib.crc32(body), body)
 
 
 def decode_wal_line(line: bytes) -> WalAdd | WalRem | BadLine:
@@ -260,6 +263,48 @@ def _decode_publish_at(raw: bytes) -> int | None | bool:
     if not raw or not raw.isdigit() or raw[0] == 0x30 or len(raw) > 20:
         return False
     return int(raw)
+
+
+_B64_ALPHABET: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_B64_BEFORE_ONE_PAD: Final = frozenset(b"AEIMQUYcgkosw048")  # sextets whose low 2 bits are 0
+_B64_BEFORE_TWO_PADS: Final = frozenset(b"AQgw")  # sextets whose low 4 bits are 0
+
+
+def canonical_base64(raw: bytes) -> bool:
+    """Whether ``raw`` is the canonical padded base64 of some bytes (F-6), without decoding it.
+
+    The replay fast path's check: the same verdict as ``_decode_base64``, which
+    decodes and re-encodes. Canonical means: whole quanta of the standard
+    alphabet, ``=`` only as the last one or two characters, and zero padding bits.
+
+    post: __return__ == (_decode_base64(raw) is not None)
+    """
+    if len(raw) % 4:
+        return False
+    rest = raw.translate(None, _B64_ALPHABET)
+    if not rest:
+        return True
+    if rest == b"=":
+        return raw[-1] == 0x3D and raw[-2] in _B64_BEFORE_ONE_PAD
+    if rest == b"==":
+        return raw[-2:] == b"==" and raw[-3] in _B64_BEFORE_TWO_PADS
+    return False
+
+
+def raw_id_ok(raw: bytes) -> bool:
+    """Whether ``raw`` is the UTF-8 of a valid task id (F-5), the verdict of ``_decode_id``.
+
+    post: __return__ == (_decode_id(raw) is not None)
+    """
+    if not 0 < len(raw) <= TASK_ID_BYTES_MAX or b":" in raw or b"\n" in raw or b"\0" in raw:
+        return False
+    if raw.isascii():
+        return True
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _decode_base64(raw: bytes) -> bytes | None:

@@ -12,30 +12,47 @@ at once on one directory would otherwise start from the same seed.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
+from collections.abc import Iterator
 
 from deferq._env import Env
 from deferq._limits import SEED_TICK_S
 
 
 class IdSource:
-    """The id generator of one process (one ``Env``). Thread-safe."""
+    """The id generator of one process (one ``Env``). Thread-safe.
+
+    Hot path: ``next_id`` takes no lock. ``_hot`` is one tuple (ticks, pid, the
+    id prefix ``{seed}-{pid}-``, the seed's counter), replaced whole under the
+    mutex whenever the seed or the pid changes, so a reader always pairs a seed
+    with that seed's own counter (``next`` on an ``itertools.count`` is atomic
+    under the GIL); a reader holding a replaced tuple still draws fresh numbers
+    of its older seed, which no later tuple ever reuses (seeds only grow).
+    """
 
     def __init__(self, env: Env) -> None:
         self._env = env
         self._mutex = threading.Lock()
         self._base = int(env.time()) + 1
+        self._monotonic = env.monotonic
         self._start_s = env.monotonic()
         self._ticks = 0
-        self._counter = 0
+        self._seed = 0
+        self._counter: Iterator[int] = itertools.count(1)
+        self._hot: tuple[int, int, str, Iterator[int]] | None = None
 
     def _advance(self) -> int:
-        ticks = int((self._env.monotonic() - self._start_s) / SEED_TICK_S)
+        """The seed now; a new seed value gets a new counter. The mutex is held."""
+        ticks = int((self._monotonic() - self._start_s) / SEED_TICK_S)
         if ticks > self._ticks:
             self._ticks = ticks
-            self._counter = 0
-        return self._base + self._ticks
+        seed = self._base + self._ticks
+        if seed != self._seed:
+            self._seed = seed
+            self._counter = itertools.count(1)
+        return seed
 
     def raise_floor(self, seed_floor: int) -> None:
         """Make the current seed at least ``seed_floor`` (a seed found in adopted files + 1)."""
@@ -43,14 +60,19 @@ class IdSource:
             seed = self._advance()
             if seed_floor > seed:
                 self._base += seed_floor - seed
-                self._counter = 0
+                self._advance()
+                self._hot = None
 
     def next_id(self, pid: int) -> str:
         """A new id, never issued before by this source."""
+        hot = self._hot
+        if (hot is not None and hot[1] == pid
+                and int((self._monotonic() - self._start_s) / SEED_TICK_S) == hot[0]):
+            return hot[2] + str(next(hot[3]))
         with self._mutex:
             seed = self._advance()
-            self._counter += 1
-            return f"{seed}-{pid}-{self._counter}"
+            hot = self._hot = (self._ticks, pid, f"{seed}-{pid}-", self._counter)
+            return hot[2] + str(next(hot[3]))
 
     def current_seed(self) -> int:
         """The seed now, for the rotation marker (W-5)."""

@@ -31,15 +31,21 @@ def write_all(env: Env, fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def lines_forward(env: Env, fd: int, size: int, start: int = 0) -> Iterator[RawLine]:
-    """Every line of ``fd[start:size]`` in file order, the torn tail last (R-@F)."""
-    splitter = ForwardLines(start)
+def chunks_forward(env: Env, fd: int, size: int, start: int = 0) -> Iterator[bytes]:
+    """``fd[start:size]`` in file order, in chunks of at most ``READ_CHUNK_BYTES``."""
     offset = start
     while offset < size:
         chunk = env.pread(fd, min(READ_CHUNK_BYTES, size - offset), offset)
         if not chunk:
             break  # The file shrank under us; what was read is all there is.
         offset += len(chunk)
+        yield chunk
+
+
+def lines_forward(env: Env, fd: int, size: int, start: int = 0) -> Iterator[RawLine]:
+    """Every line of ``fd[start:size]`` in file order, the torn tail last (R-@F)."""
+    splitter = ForwardLines(start)
+    for chunk in chunks_forward(env, fd, size, start):
         yield from splitter.feed(chunk)
     tail = splitter.finish()
     if tail is not None:

@@ -77,3 +77,8 @@ assert (
 )
 assert WAL_SIZE_INCREASE_RATIO > 1.0
 assert LOCK_ATTEMPTS_MAX >= 2
+
+# --- Dead-task store group commit (S-14).
+# Rounds of queued adds one group-commit leader serves before it hands the locks on.
+GROUP_COMMIT_ROUNDS_MAX: Final = 8
+assert GROUP_COMMIT_ROUNDS_MAX >= 1

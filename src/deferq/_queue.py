@@ -13,6 +13,11 @@ sections 3 and 4.7):
   dead-task write fails the WAL entry stays and is replayed at the next start.
 - Dead-task store calls block on a cross-process lock, so they run in a worker
   thread (``asyncio.to_thread``); the event loop never waits on a lock (Q-10).
+- On a power-safe ``Disk`` (``fsync_frequency=0``) the loop never waits on an
+  fsync: ``aenqueue`` writes its record and awaits a group commit, one fsync
+  in a worker thread at a time, covering every record written before it
+  began (Q-20, W-21); completions, give-up removals and retry re-adds are
+  written unsynced and a background group commit covers them (Q-22).
 - ``start`` replays the backend's pending tasks with their remaining delays; a
   task that cannot be loaded is dead-lettered with the reason, never dropped
   (Q-9).
@@ -48,6 +53,7 @@ from deferq._queue_parts import (
 )
 from deferq._task import REGISTRY, Task, TaskRegistry, default_backoff, next_retry_in, task_class_of
 from deferq._types import DeadTask, PendingTask
+from deferq.backends import Disk
 
 log = logging.getLogger("deferq.queue")
 
@@ -91,6 +97,13 @@ class Queue:
         self._work: set[asyncio.Task[None]] = set()  # immediate and running executions
         self._timers: set[asyncio.Task[None]] = set()  # delayed tasks waiting for their time
         self._local_ids = itertools.count(1)
+        # Group commit (Q-20..Q-23): only for a power-safe Disk; other backends are called
+        # exactly as before.
+        self._disk = backend if isinstance(backend, Disk) and backend.fsync_frequency == 0 else None
+        self._committed = 0  # the highest WAL ticket a completed group commit covered
+        self._commit: asyncio.Future[None] | None = None  # the group commit in flight
+        self._wanted = 0  # the highest ticket the background flusher must cover
+        self._flusher: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -142,6 +155,8 @@ class Queue:
             job.cancel()
         if leftovers:
             await asyncio.gather(*leftovers, return_exceptions=True)
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
         try:
             self.backend.sync()
         finally:
@@ -182,10 +197,22 @@ class Queue:
 
     async def aenqueue(self, task: object, /, *args: object, delay: object = None,
                        delay_until: object = None, **kwargs: object) -> str:
-        """``enqueue`` that waits for backpressure like the reference (Q-11)."""
+        """``enqueue`` that waits for backpressure like the reference (Q-11).
+
+        On a power-safe ``Disk`` it returns once a group commit made the task durable,
+        without blocking the event loop on the fsync (Q-20).
+        """
         data, context, cls = self._prepare(task, args, kwargs)
         await self._apply_backpressure()
-        return self._persist_and_schedule(data, context, cls, delay, delay_until)
+        disk = self._disk
+        if disk is None or asyncio.get_running_loop() is not self._loop:
+            # Not started, or awaited on another loop: the inline fsync of ``enqueue``.
+            return self._persist_and_schedule(data, context, cls, delay, delay_until)
+        publish_at, publish_in = self._timing(delay, delay_until)
+        task_id = disk.add_task(data, publish_at, None, sync=False)
+        await self._commit_through(disk, disk.written_ticket())
+        self._schedule_from_any_thread(task_id, context, cls, publish_in)
+        return task_id
 
     def _prepare(self, task: object, args: tuple[object, ...], kwargs: dict[str, object]
                  ) -> tuple[bytes, Context, type[Task]]:
@@ -223,6 +250,69 @@ class Queue:
         if stored is not None:
             return stored
         return task_id if task_id is not None else f"local-{next(self._local_ids)}"  # Nil
+
+    def _readd(self, data: bytes, publish_at: int | None, task_id: str) -> None:
+        """A retry's re-add; on a power-safe Disk, unsynced with a background commit (Q-22)."""
+        disk = self._disk
+        if disk is None:
+            self._add(data, publish_at, task_id)
+            return
+        disk.add_task(data, publish_at, task_id, sync=False)
+        self._flush_later(disk)
+
+    def _remove(self, task_id: str) -> None:
+        """Record a finished task; on a power-safe Disk, unsynced with a background commit (Q-22)."""
+        disk = self._disk
+        if disk is None:
+            self.backend.remove_task(task_id)
+            return
+        disk.remove_task(task_id, sync=False)
+        self._flush_later(disk)
+
+    # ------------------------------------------------------------------ group commit
+    async def _commit_through(self, disk: Disk, ticket: int) -> None:
+        """Implements Q-20 and W-21 at the queue: return once ``ticket`` is durable.
+
+        At most one group commit runs at a time: it reads the WAL's latest ticket on
+        the loop, so it covers every record the loop wrote before it began, and
+        fsyncs in a worker thread. Callers whose ticket it did not cover start the
+        next one; a failed commit fails every caller waiting on it (W-22).
+        """
+        while self._committed < ticket:
+            commit = self._commit
+            if commit is None:
+                commit = self._commit = asyncio.ensure_future(self._commit_once(disk))
+                # Its failure reaches every waiter; this only keeps asyncio from warning
+                # when all of them were cancelled.
+                commit.add_done_callback(_retrieve)
+            await asyncio.shield(commit)
+
+    async def _commit_once(self, disk: Disk) -> None:
+        target = disk.written_ticket()
+        try:
+            await asyncio.to_thread(disk.sync_through, target)
+        finally:
+            self._commit = None
+        if target > self._committed:
+            self._committed = target
+
+    def _flush_later(self, disk: Disk) -> None:
+        """Implements Q-22: a background group commit covers the record just written."""
+        ticket = disk.written_ticket()
+        if ticket > self._wanted:
+            self._wanted = ticket
+        if self._flusher is None and self._loop is not None:
+            self._flusher = self._loop.create_task(self._flush(disk))
+
+    async def _flush(self, disk: Disk) -> None:
+        try:
+            while self._committed < self._wanted:
+                await self._commit_through(disk, self._wanted)
+        except Exception:  # noqa: BLE001 - the WAL is broken; the records stay unsynced
+            log.exception("group commit of the tasks WAL failed; unsynced completions and "
+                          "retries may be undone by a power loss")
+        finally:
+            self._flusher = None
 
     async def _apply_backpressure(self) -> None:
         bp = self.backpressure
@@ -305,7 +395,7 @@ class Queue:
                       exc_info=exc)
             await self._failed(task_id, context, cls, instance, exc)
             return
-        self.backend.remove_task(task_id)
+        self._remove(task_id)
 
     async def _failed(self, task_id: str, context: Context, cls: type[Task],
                       instance: Task | None, exc: Exception) -> None:
@@ -332,7 +422,7 @@ class Queue:
             return
         seconds = int(retry_in)
         publish_at = int(self.clock.time()) + seconds if seconds > 0 else None
-        self._add(data, publish_at, task_id)  # same id, this WAL only (W-15)
+        self._readd(data, publish_at, task_id)  # same id, this WAL only (W-15)
         self._schedule(task_id, retried, cls, seconds if seconds > 0 else None)
 
     async def _give_up(self, task_id: str, data: bytes, exc: BaseException, task_class: str,
@@ -345,7 +435,7 @@ class Queue:
             log.error("deferred task %s could not be dead-lettered (%s: %s); it stays in the WAL "
                       "and is replayed at the next start", task_id, type(dead).__name__, dead)
             return
-        self.backend.remove_task(task_id)
+        self._remove(task_id)
 
     # ------------------------------------------------------------------ replay
     async def _replay(self, pending: PendingTask, now: int) -> None:
@@ -406,3 +496,8 @@ class Queue:
     async def remove_dead_tasks(self, ids: Iterable[str]) -> int:
         """Remove dead tasks by id; the number found."""
         return await asyncio.to_thread(self.operator.remove_dead, list(ids))
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

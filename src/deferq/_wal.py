@@ -1,17 +1,17 @@
 """The tasks WAL: one append-only file per worker process (spec/wal.md).
 
 Theory of operation. At open, a worker claims every WAL file of its prefix
-that no live process holds (LOCK_EX | LOCK_NB, W-2). The first claimed file in
-name order becomes its main file; others are orphans of dead workers. The main
-file's torn tail is cut and the cut fsynced before anything is appended to it
-(W-3). Orphans are merged: their valid records are appended to the main file,
-which is fsynced, and only then are the orphans unlinked and the directory
-fsynced (W-4). With nothing to claim, a new file is created and the directory
-fsynced before any record goes into it (W-1).
+that no live process holds (LOCK_EX | LOCK_NB, W-2): orphans of dead workers.
+It replays them in name order and writes the pending tasks into a fresh file
+of its own, fsyncs it, and only then unlinks the claimed files, still locked,
+and fsyncs the directory (W-3, W-4): an adopted file is never appended to, nor
+trusted to be on disk, since a previous owner's failed fsync may have left its
+records only in the page cache (A-7). With nothing to claim, a new file is
+created and the directory fsynced before any record goes into it (W-1).
 
 Every pending task's ``add`` line is kept in memory (``_live``), so rotation
-(W-9) can write them all to a fresh file, fsync it and the directory, and
-only then unlink the old file while still holding its lock (W-10). Because
+(W-9) uses the same step: write them all to a fresh file, fsync it, and only
+then unlink the old file while still holding its lock (W-10). Because
 every live task is copied, outstanding immediate tasks never block rotation
 (the reference's leaking counter, W-11).
 
@@ -19,6 +19,13 @@ Writes go to the OS at once; fsync happens every ``fsync_frequency`` seconds,
 driven by ``tick()`` (called by the Env's timer, or by tests) and checked on
 every write, or inline when the frequency is 0 (W-8). A failed fsync is never
 retried: the WAL becomes BROKEN and refuses all work (W-12, D-10).
+
+Group commit (W-20..W-24): every record appended takes the next ticket; an
+fsync runs outside the mutex, at most one at a time, and covers exactly the
+tickets taken before it began (its target is read under the mutex first), so
+concurrent writers share fsyncs and none is acknowledged by an fsync that
+started before its record existed (D-15). Rotation and close wait while an
+fsync is in flight, since they close the file it runs on.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from deferq._errors import StorageBrokenError, StorageClosedError
 from deferq._format import (
     BadLine,
     WalAdd,
+    check_task_id,
     decode_wal_line,
     encode_add,
     encode_rem,
@@ -41,20 +49,28 @@ from deferq._format import (
     wal_file_name,
 )
 from deferq._ids import id_source
-from deferq._io import join, lines_forward, repair_tail, write_all
+from deferq._io import chunks_forward, join, write_all
 from deferq._limits import (
     FILE_MODE,
     WAL_SIZE_INCREASE_RATIO,
     WAL_SIZE_LIMIT_BYTES,
     WRITE_BATCH_BYTES,
 )
-from deferq._recovery import LiveTask, WalReplay
+from deferq._recovery import FastWalReplay, LiveTask, WalReplay
 from deferq._types import PendingTask
 
 log = logging.getLogger("deferq")
 
 _RW_APPEND: Final = OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND
 _CREATE_ATTEMPTS_MAX: Final = 16
+
+
+def _limit_after_copy(size: int) -> int:
+    """Implements W-9: the size limit of a fresh copy of ``size`` bytes (rotation or adoption)."""
+    limit = WAL_SIZE_LIMIT_BYTES
+    while size * WAL_SIZE_INCREASE_RATIO >= limit:
+        limit = int(limit * WAL_SIZE_INCREASE_RATIO)
+    return limit
 
 
 class WalState(enum.Enum):
@@ -75,36 +91,35 @@ class TasksWal:
         self._pid = env.getpid()
         self._state = WalState.OPEN
         self._dirty = False
+        # Group commit (W-20, W-21): records appended / covered by a completed fsync.
+        self._written = 0
+        self._durable = 0
+        self._syncing = False
+        self._sync_failed = False
+        self._synced = threading.Condition(self._mutex)
         self._last_sync_s = env.monotonic()
         self._held_fds: list[int] = []  # files kept locked until close (see _discard_copy)
         self.corrupt_records = 0
         claimed = self._claim_orphans()
-        owned = [fd for _, fd in claimed]
         try:
-            if claimed:
-                self._name, self._fd = claimed[0]
-            else:
-                self._name, self._fd = self._create_file()
-                owned = [self._fd]
-            replay = WalReplay()
-            for raw in lines_forward(env, self._fd, env.fstat(self._fd).size):
-                replay.apply(raw)  # R-@F: the main file's torn tail is counted here, cut below.
-            if claimed:
-                self._repair_main_tail()
-            self._merge(claimed[1:], replay)
+            replay = self._replay(claimed)
         except BaseException:
-            self._close_fds(owned)
+            self._close_fds([fd for _, fd in claimed])
             raise
         self._live: dict[str, LiveTask] = replay.live
-        self._size = env.fstat(self._fd).size
-        self._limit = WAL_SIZE_LIMIT_BYTES
         self.corrupt_records = replay.corrupt
         if replay.corrupt:
-            log.warning("Detected %d corrupted deferred task record(s) in %s",
-                        replay.corrupt, join(path, self._name))
+            log.warning("Detected %d corrupted deferred task record(s) in %s", replay.corrupt,
+                        ", ".join(join(path, name) for name, _ in claimed))
         # Implements W-5: ids start above every id seen and above the clock.
         self._ids = id_source(env)
         self._ids.raise_floor(replay.seed_max + 1)
+        if claimed:
+            self._name, self._fd = self._adopt(claimed)
+        else:
+            self._name, self._fd = self._create_file()
+        self._size = env.fstat(self._fd).size
+        self._limit = _limit_after_copy(self._size)
 
     # ------------------------------------------------------------------ opening
 
@@ -164,41 +179,84 @@ class TasksWal:
             return name, fd
         raise FileExistsError(f"could not pick an unused WAL file name in {self._path}")
 
-    def _repair_main_tail(self) -> None:
-        """Implements W-3: cut a torn tail, then fsync the file and its directory.
+    def _replay(self, claimed: list[tuple[str, int]]) -> WalReplay:
+        """Replay every claimed file in name order (W-3, W-15, R-@A..R-@K), on the fast path (W-16)."""
+        replay = FastWalReplay()
+        for _, fd in claimed:
+            replay.apply_file(chunks_forward(self._env, fd, self._env.fstat(fd).size))
+        return replay.result()
 
-        Both fsyncs are unconditional: a killed owner may have left acknowledged
-        but unsynced records in the page cache, or died (or lost a race with us,
-        see ``_create_file``) before it fsynced the directory after creating the
-        file; after open every recovered task and the file's name are durable
-        (D-3, D-6).
+    def _adopt(self, claimed: list[tuple[str, int]]) -> tuple[str, int]:
+        """Implements W-3 and W-4: copy the live tasks to a fresh file, then retire the claimed ones.
+
+        An adopted file is never appended to nor trusted to be durable: its records
+        may exist only in the page cache after a previous owner's failed fsync
+        (A-7) marked them clean, and an fsync of ours would return 0 without
+        writing them. The fresh copy's fsync writes every byte it holds (D-2,
+        D-3); only then are the claimed files unlinked, still locked, and the
+        directory fsynced. Any failure raises from the constructor, which has
+        acknowledged nothing; the files left behind hold the same pending tasks.
         """
-        repair_tail(self._env, self._fd)
-        self._env.fsync(self._fd)
-        self._env.fsync_dir(self._path)
+        try:
+            name, fd = self._write_fresh_copy()
+        except BaseException:
+            self._close_fds([fd for _, fd in claimed] + self._held_fds)
+            raise
+        try:
+            self._retire(claimed)
+        except BaseException:
+            self._close_fds([fd])
+            raise
+        return name, fd
 
-    def _merge(self, orphans: list[tuple[str, int]], replay: WalReplay) -> None:
-        """Implements W-4: copy orphans' valid records, fsync, then unlink the orphans."""
-        if not orphans:
-            return
+    def _write_fresh_copy(self) -> tuple[str, int]:
+        """Implements W-10's first steps (shared with W-3): a new file holding every pending task.
+
+        Creates the file (W-1), writes the seed marker (W-5) and every pending
+        task's ``add`` line, and fsyncs it. Raises ``StorageBrokenError`` when the
+        WAL must fail-stop; any other ``OSError`` means the copy was durably
+        discarded (``_discard_copy``) and the old files are still the WAL.
+        """
         env = self._env
-        batch: list[bytes] = []
-        batch_bytes = 0
-        for _, fd in orphans:
-            for raw in lines_forward(env, fd, env.fstat(fd).size):
-                valid = replay.apply(raw)
-                if valid:
-                    batch.append(valid + b"\n")
-                    batch_bytes += len(valid) + 1
-                    if batch_bytes >= WRITE_BATCH_BYTES:
-                        write_all(env, self._fd, b"".join(batch))
-                        batch, batch_bytes = [], 0
-        write_all(env, self._fd, b"".join(batch))
-        env.fsync(self._fd)
-        for name, _ in orphans:
-            self._unlink_quietly(name)
-        env.fsync_dir(self._path)
-        self._close_fds([fd for _, fd in orphans])
+        name, fd = self._create_file()
+        try:
+            # Implements W-5: a marker carrying the current seed keeps ids issued before
+            # the copy (whose records the old files take with them) from being reissued.
+            write_all(env, fd, encode_rem(f"{self._ids.current_seed()}-{self._pid}-0"))
+            batch: list[bytes] = []
+            batch_bytes = 0
+            for task in self._live.values():
+                batch.append(task.line)
+                batch_bytes += len(task.line)
+                if batch_bytes >= WRITE_BATCH_BYTES:
+                    write_all(env, fd, b"".join(batch))
+                    batch, batch_bytes = [], 0
+            if batch:
+                write_all(env, fd, b"".join(batch))
+            env.fsync(fd)
+        except OSError as exc:
+            log.warning("could not copy the pending tasks to a new WAL file", exc_info=True)
+            self._discard_copy(name, fd, exc)
+            raise
+        return name, fd
+
+    def _retire(self, files: list[tuple[str, int]]) -> None:
+        """Implements the last steps of W-4 and W-10: unlink while locked, fsync the directory, close.
+
+        A retired file that survived beside the fresh copy could undo removals
+        recorded from now on (D-3), so a failed unlink or directory fsync makes
+        the WAL broken (W-12); a restart adopts the files left behind safely.
+        """
+        try:
+            for name, _ in files:
+                self._unlink_quietly(name)
+            self._env.fsync_dir(self._path)
+        except OSError as exc:
+            self._state = WalState.BROKEN
+            names = ", ".join(name for name, _ in files)
+            raise StorageBrokenError(f"could not durably unlink retired WAL file(s) {names}") from exc
+        finally:
+            self._close_fds([fd for _, fd in files])
 
     def _unlink_quietly(self, name: str) -> None:
         try:
@@ -220,29 +278,57 @@ class TasksWal:
         """The name of the current main file (it changes at rotation)."""
         return self._name
 
-    def add(self, context: bytes, publish_at: int | None, task_id: str | None) -> str:
-        """Append an ``add`` record; arguments were validated by the caller (W-6)."""
+    def add(self, context: bytes, publish_at: int | None, task_id: str | None,
+            sync: bool = True) -> str:
+        """Append an ``add`` record; arguments were validated by the caller (W-6).
+
+        ``sync=False`` never fsyncs here (C-12): the caller waits with ``sync_through``.
+        """
         with self._mutex:
-            self._check_usable()
+            if self._state is not WalState.OPEN or self._env.getpid() != self._pid:
+                self._check_usable()
             if task_id is None:
                 task_id = self._ids.next_id(self._pid)
             line = encode_add(task_id, publish_at, context)
             self._append(line)
             # Implements W-7 and R-@J: a re-added id replaces the task, keeping its position.
             self._live[task_id] = LiveTask(publish_at, line)
-            self._after_write()
+            if sync:
+                if self._fsync_frequency_s == 0:
+                    self._sync_locked()  # Implements W-8: f = 0, or an fsync is due.
+                elif (self._env.monotonic() - self._last_sync_s >= self._fsync_frequency_s
+                      and not self._syncing):
+                    self._sync_locked()
             return task_id
 
-    def remove(self, task_id: str) -> None:
-        """Append a ``rem`` record if the task is pending here, then maybe rotate (W-6, W-9)."""
+    def remove(self, task_id: str, sync: bool = True) -> None:
+        """Append a ``rem`` record if the task is pending here, then maybe rotate (W-6, W-9).
+
+        ``task_id`` is a ``str``; the caller leaves its full check (C-7) to this method.
+        """
         with self._mutex:
-            self._check_usable()
             if task_id not in self._live:
+                # A pending id is valid by construction (checked when it was added or
+                # replayed); any other is checked here, before the state (C-7).
+                check_task_id(task_id)
+                self._check_usable()
                 return  # Implements W-6: nothing in this WAL to remove, nothing to write.
+            if self._state is not WalState.OPEN or self._env.getpid() != self._pid:
+                self._check_usable()
             self._append(encode_rem(task_id))
             del self._live[task_id]
-            self._after_write()
-            if self._size >= self._limit:
+            if sync:
+                if self._fsync_frequency_s == 0:
+                    self._sync_locked()  # Implements W-8: f = 0, or an fsync is due.
+                elif (self._env.monotonic() - self._last_sync_s >= self._fsync_frequency_s
+                      and not self._syncing):
+                    self._sync_locked()
+            # Implements W-23: rotation closes the old file, so it waits while an fsync of
+            # it is in flight; the size stays over the limit and a later remove rotates.
+            # (The state is checked again: waiting for an fsync released the mutex, and
+            # close() may have run meanwhile.)
+            if (self._size >= self._limit and not self._syncing
+                    and self._state is WalState.OPEN):
                 self._rotate()
 
     def pending(self) -> list[PendingTask]:
@@ -261,18 +347,45 @@ class TasksWal:
             self._check_usable()
             self._sync_locked()
 
+    def written_ticket(self) -> int:
+        """The ticket (sequence number) of the last record written to this WAL (W-20)."""
+        if self._state is WalState.CLOSED or self._env.getpid() != self._pid:
+            self._check_usable()
+        return self._written
+
+    def sync_through(self, ticket: int) -> None:
+        """Implements W-21: return once every record up to ``ticket`` is durable.
+
+        ``ticket`` was validated by the caller as an int >= 0; a ticket this WAL
+        never issued is a ``ValueError``. A ticket already covered returns at once,
+        even on a broken WAL; otherwise the call joins the fsync in flight or leads
+        the next one, and raises ``StorageBrokenError`` if that fsync failed.
+        """
+        with self._mutex:
+            if ticket > self._written:  # C-15: the argument first, then the state
+                raise ValueError(f"ticket {ticket} was never issued by this WAL "
+                                 f"(the latest is {self._written})")
+            if self._state is WalState.CLOSED or self._env.getpid() != self._pid:
+                self._check_usable()
+            self._sync_through_locked(ticket)
+
     def tick(self) -> None:
         """The periodic timer fired: fsync if anything is unsynced (W-8).
 
         Never raises for a closed WAL: the timer may fire while ``close`` runs.
         """
         with self._mutex:
-            if self._state is WalState.OPEN and self._dirty:
+            if self._state is WalState.OPEN and self._written > self._durable:
                 self._sync_locked()
 
     def close(self) -> None:
-        """fsync if usable, then release the lock and the file (C-9). Idempotent."""
+        """Wait for an fsync in flight, fsync if usable, then release the file (C-9, W-23).
+
+        Idempotent.
+        """
         with self._mutex:
+            while self._syncing:
+                self._synced.wait()
             if self._state is WalState.CLOSED:
                 return
             try:
@@ -310,9 +423,13 @@ class TasksWal:
                 f"this Disk was opened by process {self._pid}; a forked child must open its own")
 
     def _append(self, line: bytes) -> None:
-        """Write one whole line; on failure cut any partial line back off (W-13)."""
+        """Write one whole line and give it the next ticket; on failure cut it back off (W-13)."""
         try:
-            write_all(self._env, self._fd, line)
+            done = self._env.write(self._fd, line)
+            if done != len(line):
+                if done <= 0:
+                    raise OSError(f"write returned {done} with {len(line)} bytes left")
+                write_all(self._env, self._fd, line[done:])  # A-6: a short write continues.
         except OSError:
             try:
                 self._env.ftruncate(self._fd, self._size)
@@ -322,30 +439,66 @@ class TasksWal:
                                          " cut off") from exc
             raise
         self._size += len(line)
-
-    def _after_write(self) -> None:
+        self._written += 1
         self._dirty = True
-        if self._fsync_frequency_s == 0 or self._sync_due():
-            self._sync_locked()
-
-    def _sync_due(self) -> bool:
-        return self._dirty and (
-            self._env.monotonic() - self._last_sync_s >= self._fsync_frequency_s)
 
     def _sync_locked(self) -> None:
-        if not self._dirty:
-            return
+        """Make every record written so far durable (W-8); the mutex is held (see W-21)."""
+        self._sync_through_locked(self._written)
+
+    def _sync_through_locked(self, ticket: int) -> None:
+        """Implements W-21 (group commit): join the fsync in flight or lead the next one.
+
+        The mutex is held on entry and on return, but not while an fsync runs: a
+        follower waits on ``_synced`` (which releases it), a leader releases it
+        around its fsync. An fsync in flight may have begun before this ticket's
+        record was written, so waiting for it is never enough by itself: the loop
+        ends only when ``_durable`` covers the ticket.
+        """
+        while self._durable < ticket:
+            if self._state is not WalState.OPEN:
+                if self._sync_failed:
+                    raise StorageBrokenError(
+                        "fsync of the tasks WAL failed before this write was durable; the "
+                        "backend stops")
+                self._check_usable()
+            if self._syncing:
+                self._synced.wait()
+            else:
+                self._lead_fsync()
+
+    def _lead_fsync(self) -> None:
+        """Implements W-20, W-21 and W-12: one fsync covering every record written before it began.
+
+        The target is read, with the descriptor, under the mutex before the fsync
+        starts; records appended while it runs get a later ticket and need the
+        next fsync. A failed fsync is never retried: the WAL is broken and every
+        ticket it did not already cover fails (W-22).
+        """
+        target, fd = self._written, self._fd
+        failure: OSError | None = None
+        self._syncing = True
+        self._mutex.release()
         try:
-            self._env.fsync(self._fd)
+            self._env.fsync(fd)
         except OSError as exc:
+            failure = exc
+        finally:
+            self._mutex.acquire()
+            self._syncing = False
+            self._synced.notify_all()
+        if failure is not None:
             # Implements W-12: never retry; the unsynced pages may already be gone.
             self._state = WalState.BROKEN
-            raise StorageBrokenError("fsync of the tasks WAL failed; the backend stops") from exc
-        self._dirty = False
+            self._sync_failed = True
+            raise StorageBrokenError("fsync of the tasks WAL failed; the backend stops") from failure
+        if target > self._durable:
+            self._durable = target
+        self._dirty = self._written > self._durable
         self._last_sync_s = self._env.monotonic()
 
     def _discard_copy(self, name: str, fd: int, cause: OSError) -> None:
-        """Implements W-10: durably unlink a failed rotation's copy, or fail-stop.
+        """Implements W-10 (and W-3): durably unlink a failed copy, or fail-stop.
 
         The copy holds ``add`` records of tasks that this WAL may remove from now
         on; if it survived (a failed unlink, or an unlink a power loss undoes),
@@ -361,51 +514,27 @@ class TasksWal:
             self._held_fds.append(fd)
             self._state = WalState.BROKEN
             raise StorageBrokenError(
-                f"rotation failed ({cause}) and its copy {name} could not be durably removed"
+                f"copying the pending tasks failed ({cause}) and the copy {name} could not be"
+                " durably removed"
             ) from exc
         self._close_fds([fd])
 
     def _rotate(self) -> None:
         """Implements W-9 and W-10: copy live tasks to a new file, then drop the old one."""
-        env = self._env
         try:
-            name, fd = self._create_file()
+            name, fd = self._write_fresh_copy()
         except StorageBrokenError:
             self._state = WalState.BROKEN
             raise
         except OSError:
-            log.warning("WAL rotation could not create a new file; will retry later", exc_info=True)
-            self._limit = int(self._size * WAL_SIZE_INCREASE_RATIO)
-            return
-        try:
-            # Implements W-5: a marker carrying the current seed keeps ids issued before
-            # the rotation (whose records the old file takes with it) from being reissued.
-            write_all(env, fd, encode_rem(f"{self._ids.current_seed()}-{self._pid}-0"))
-            lines = [task.line for task in self._live.values()]
-            for start in range(0, len(lines), 1024):
-                write_all(env, fd, b"".join(lines[start:start + 1024]))
-            env.fsync(fd)
-        except OSError as exc:
-            log.warning("WAL rotation failed to copy live tasks; keeping the old file",
-                        exc_info=True)
-            self._discard_copy(name, fd, exc)
+            log.warning("WAL rotation failed; keeping the old file, will retry later", exc_info=True)
             self._limit = int(self._size * WAL_SIZE_INCREASE_RATIO)
             return
         old_name, old_fd = self._name, self._fd
         self._name, self._fd = name, fd
-        self._size = env.fstat(fd).size
+        self._size = self._env.fstat(fd).size
         self._dirty = False
-        self._limit = WAL_SIZE_LIMIT_BYTES
-        while self._size * WAL_SIZE_INCREASE_RATIO >= self._limit:
-            self._limit = int(self._limit * WAL_SIZE_INCREASE_RATIO)
-        try:
-            # The old file is unlinked while still locked, so no booting worker can claim it.
-            self._unlink_quietly(old_name)
-            env.fsync_dir(self._path)
-        except OSError as exc:
-            # If the old file survived, replaying it after the new one could undo removals
-            # recorded from now on (D-3), so stop here: a restart adopts both files safely.
-            self._state = WalState.BROKEN
-            raise StorageBrokenError(f"could not durably unlink rotated WAL file {old_name}") from exc
-        finally:
-            self._close_fds([old_fd])
+        self._limit = _limit_after_copy(self._size)
+        # The old file is unlinked while still locked, so no booting worker can claim it.
+        self._retire([(old_name, old_fd)])
+        self._durable = self._written  # W-23: the fsynced copy holds every pending task.

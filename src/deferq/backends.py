@@ -2,8 +2,14 @@
 
 Rules: this facade validates every public argument precisely (C-7, C-8) and
 then delegates to the engine (``_wal.TasksWal``, ``_deadstore.DeadTaskStore``),
-which assumes valid input. Storage is opaque bytes: serializing task
-arguments belongs to the queue layer.
+which assumes valid input (one exception: ``remove_task`` leaves the check of
+a ``str`` id to the WAL, which needs it only when the id is not pending, since
+a pending id was checked when it was added). Storage is opaque bytes:
+serializing task arguments belongs to the queue layer.
+
+Group commit: ``add_task``/``remove_task`` with ``sync=False``, then
+``written_ticket`` and ``sync_through`` (C-12..C-15, W-20..W-24) let async
+callers wait for durability in a worker thread, sharing fsyncs.
 """
 
 from __future__ import annotations
@@ -138,16 +144,48 @@ class Disk:
 
     # --- tasks WAL
     def add_task(self, context: bytes, publish_at: int | None = None,
-                 task_id: str | None = None) -> str:
-        """Append a pending task to this worker's WAL and return its id (W-6, D-1, D-2)."""
-        data = _check_context(context)
-        when = _check_publish_at(publish_at)
-        tid = None if task_id is None else check_task_id(task_id)
-        return self._wal.add(data, when, tid)
+                 task_id: str | None = None, *, sync: bool = True) -> str:
+        """Append a pending task to this worker's WAL and return its id (W-6, D-1, D-2).
 
-    def remove_task(self, task_id: str) -> None:
-        """Record that a task is done (W-6)."""
-        self._wal.remove(check_task_id(task_id))
+        ``sync=False`` never waits for an fsync (C-12): pair it with ``written_ticket``
+        and ``sync_through`` to learn when the task is durable (C-13, C-14).
+        """
+        # The common case first (plain bytes within the limit, no time, no id): this is
+        # the hot path of every enqueue, so it avoids the general checks' calls.
+        if type(context) is bytes and len(context) <= CONTEXT_BYTES_MAX:
+            data = context
+        else:
+            data = _check_context(context)
+        when = None if publish_at is None else _check_publish_at(publish_at)
+        tid = None if task_id is None else check_task_id(task_id)
+        if sync is not True and sync is not False:
+            raise ValueError(f"sync must be a bool, not {type(sync).__name__}")
+        return self._wal.add(data, when, tid, sync)
+
+    def remove_task(self, task_id: str, *, sync: bool = True) -> None:
+        """Record that a task is done (W-6); ``sync=False`` as for ``add_task`` (C-12)."""
+        if sync is not True and sync is not False:
+            raise ValueError(f"sync must be a bool, not {type(sync).__name__}")
+        # The WAL checks the id in full unless it is pending (then it is valid, C-7).
+        self._wal.remove(task_id if type(task_id) is str else check_task_id(task_id), sync)
+
+    def written_ticket(self) -> int:
+        """The ticket of the last record written to this worker's WAL (C-13, W-20).
+
+        Every record this thread wrote before the call has a ticket at most this one.
+        """
+        return self._wal.written_ticket()
+
+    def sync_through(self, ticket: int) -> None:
+        """Block until every WAL record up to ``ticket`` is durable (C-14, W-21, W-22).
+
+        Concurrent callers share fsyncs (group commit). Raises ``ValueError`` for a
+        ticket that is not an int >= 0 or was never issued, and ``StorageBrokenError``
+        when the fsync that had to cover the ticket failed.
+        """
+        if isinstance(ticket, bool) or not isinstance(ticket, int) or ticket < 0:
+            raise ValueError(f"ticket must be an int >= 0 from written_ticket(), got {ticket!r}")
+        self._wal.sync_through(ticket)
 
     def pending_tasks(self) -> list[PendingTask]:
         """Every task pending in this worker's WAL, recovered ones included (W-7)."""
@@ -253,10 +291,16 @@ class Nil:
         pass
 
     def add_task(self, context: bytes, publish_at: int | None = None,
-                 task_id: str | None = None) -> None:
+                 task_id: str | None = None, *, sync: bool = True) -> None:
         return None
 
-    def remove_task(self, task_id: str) -> None:
+    def remove_task(self, task_id: str, *, sync: bool = True) -> None:
+        return None
+
+    def written_ticket(self) -> int:
+        return 0
+
+    def sync_through(self, ticket: int) -> None:
         return None
 
     def pending_tasks(self) -> list[PendingTask]:

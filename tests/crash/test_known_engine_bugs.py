@@ -1,4 +1,4 @@
-"""Engine bugs found by the crash exploration: regression tests, and strict xfails for open ones.
+"""Engine bugs found by the crash exploration: regression tests (strict xfails while open).
 
 Goal: pin each bug the exploration found (``deferq crash-test --max-ops 3``) to a
 minimal, deterministic reproduction, so the fix can be verified: an open bug is a
@@ -18,7 +18,7 @@ from deferq.backends import Disk
 from deferq.testing import FaultRule, FsyncEio, SimDisk
 
 
-@pytest.mark.spec("D-1", "D-5", "R-@K")
+@pytest.mark.spec("D-1", "D-5", "W-3")
 def test_add_acknowledged_after_adopting_a_wal_whose_fsync_failed_survives_power_loss() -> None:
     disk = SimDisk(0)
     first = Disk(path="/s", fsync_frequency=0, env=disk.process())
@@ -31,14 +31,12 @@ def test_add_acknowledged_after_adopting_a_wal_whose_fsync_failed_survives_power
     second.add_task(b"b", task_id="t2")  # returns: written and fsynced, so D-1 applies
     rebooted = SimDisk(0, image=disk.durable_image())  # power loss: only what is durable
     third = Disk(path="/s", fsync_frequency=0, env=rebooted.process())
-    # The durable WAL is 23 NUL bytes (t1's dropped line, size kept) followed by t2's line:
-    # the reader cuts the line at its last NUL (R-@K), so t2 survives.
-    assert "t2" in [t.task_id for t in third.pending_tasks()]
+    # The adopted file (t1's dropped line: NUL bytes on disk, R-@K) was replaced at adoption
+    # by a fresh copy holding t1, fsynced before it was used (W-3), so both survive.
+    assert [t.task_id for t in third.pending_tasks()] == ["t1", "t2"]
 
 
-@pytest.mark.spec("D-2", "D-3")
-@pytest.mark.xfail(strict=True, reason="an adopting worker reports tasks from the page cache "
-                                       "as recovered and synced after the owner's fsync failed")
+@pytest.mark.spec("D-2", "D-3", "W-3")
 def test_task_recovered_and_synced_by_an_adopting_worker_survives_power_loss() -> None:
     disk = SimDisk(0)
     first = Disk(path="/s", fsync_frequency=0.5, env=disk.process())
@@ -49,7 +47,7 @@ def test_task_recovered_and_synced_by_an_adopting_worker_survives_power_loss() -
     second = Disk(path="/s", fsync_frequency=0.5, env=disk.process())  # adopts the WAL
     assert [t.task_id for t in second.pending_tasks()] == ["t1"]  # "recovered"
     second.sync()
-    second.close()  # returns: its open fsynced the adopted file (W-3) and close fsyncs (C-9)
+    second.close()  # returns: its open copied t1 to a fresh file and fsynced that (W-3)
     rebooted = SimDisk(0, image=disk.durable_image())  # power loss
     third = Disk(path="/s", fsync_frequency=0.5, env=rebooted.process())
     assert "t1" in [t.task_id for t in third.pending_tasks()]  # D-2: "the WAL's next fsync has run"

@@ -64,9 +64,9 @@ def test_next_worker_adopts_killed_workers_wal_with_exactly_the_acknowledged_tas
     dead.kill()
 
     heir = pool.spawn(fsync_frequency=0)
-    assert _wal_file(heir) == dead_file  # Adopted as its main file, name kept.
-    assert _creator_pid(dead_file) == dead.pid != heir.pid
-    assert pool.wal_files() == [dead_file]
+    heir_file = _wal_file(heir)  # Adopted: copied to a fresh file of the heir's (W-3).
+    assert _creator_pid(dead_file) == dead.pid != heir.pid == _creator_pid(heir_file)
+    assert pool.wal_files() == [heir_file]  # The adopted file is unlinked (W-4).
     assert _pending(heir) == expected
 
 
@@ -92,9 +92,10 @@ def test_live_workers_keep_their_own_files_and_only_a_dead_ones_is_adopted(
 
     worker_a.kill()
     heir = pool.spawn()
-    assert _wal_file(heir) == file_a
+    heir_file = _wal_file(heir)
+    assert heir_file not in (file_a, file_b, file_c) and _creator_pid(heir_file) == heir.pid
     assert _pending(heir) == [(task_a, b"from a", None)]
-    assert pool.wal_files() == sorted([file_a, file_b, file_c])
+    assert pool.wal_files() == sorted([heir_file, file_b, file_c])
     # The live workers still own their files and tasks.
     worker_b.call("add_task", context_hex=b"b again".hex(), task_id="b-2")
     assert [t[0] for t in _pending(worker_b)] == [task_b, "b-2"]
@@ -102,8 +103,8 @@ def test_live_workers_keep_their_own_files_and_only_a_dead_ones_is_adopted(
 
 
 @pytest.mark.slow
-@pytest.mark.spec("W-3", "D-5", "D-12", "R-@F")
-def test_torn_tail_of_worker_killed_mid_write_is_cut_and_later_records_survive(
+@pytest.mark.spec("W-3", "W-4", "D-5", "D-12", "R-@F")
+def test_torn_tail_of_worker_killed_mid_write_is_left_behind_and_later_records_survive(
         pool: WorkerPool) -> None:
     victim = pool.spawn(stall_writes_over=1024 * 1024)
     victim_file = _wal_file(victim)
@@ -118,25 +119,25 @@ def test_torn_tail_of_worker_killed_mid_write_is_cut_and_later_records_survive(
     assert scan_wal_file(wal_path).tail, "the kill left no torn tail"
 
     heir = pool.spawn()
-    assert _wal_file(heir) == victim_file
-    assert wal_path.stat().st_size == valid_size  # W-3: cut back to the last newline.
+    heir_file = _wal_file(heir)
+    assert pool.wal_files() == [heir_file] != [victim_file]  # W-3, W-4: copied, then unlinked.
     assert _pending(heir) == [(kept, b"small", None)]
     own = [heir.call("add_task", context_hex=f"heir {n}".encode().hex(), task_id=f"heir-{n}")
            .text("task_id") for n in range(3)]
     heir.kill()
 
-    scan = scan_wal_file(wal_path)
+    scan = scan_wal_file(pool.storage / heir_file)
     assert scan.damaged == 0 and scan.tail == b""
     assert scan.ids == [kept, *own]
     second_heir = pool.spawn()
-    assert _wal_file(second_heir) == victim_file
+    assert pool.wal_files() == [_wal_file(second_heir)] != [heir_file]
     assert _pending(second_heir) == [(kept, b"small", None),
                                      *[(tid, f"heir {n}".encode(), None)
                                        for n, tid in enumerate(own)]]
 
 
 @pytest.mark.slow
-@pytest.mark.spec("W-4")
+@pytest.mark.spec("W-3", "W-4")
 def test_files_of_several_dead_workers_are_merged_into_one(pool: WorkerPool) -> None:
     # All three live at once, so each creates its own file (W-2).
     workers = [pool.spawn() for _ in range(3)]
@@ -153,16 +154,16 @@ def test_files_of_several_dead_workers_are_merged_into_one(pool: WorkerPool) -> 
         orphan.write(b"0badc0de:add:torn")
 
     heir = pool.spawn()
-    assert _wal_file(heir) == files[0]  # The first adopted file in name order is the main.
-    assert pool.wal_files() == [files[0]]  # The merged orphans are unlinked.
+    heir_file = _wal_file(heir)  # A fresh copy (W-3), in the adopted files' name order.
+    assert pool.wal_files() == [heir_file] and heir_file not in files  # Orphans unlinked (W-4).
     expected = [task for name in files for task in expected_by_file[name]]
     assert _pending(heir) == expected
     heir.kill()
 
-    scan = scan_wal_file(pool.storage / files[0])
+    scan = scan_wal_file(pool.storage / heir_file)
     assert scan.damaged == 0 and scan.tail == b""
     second_heir = pool.spawn()
-    assert pool.wal_files() == [files[0]]
+    assert pool.wal_files() == [_wal_file(second_heir)]
     assert _pending(second_heir) == expected
 
 
@@ -171,24 +172,27 @@ def test_files_of_several_dead_workers_are_merged_into_one(pool: WorkerPool) -> 
 def test_new_file_claimed_by_a_booting_worker_before_its_creator_locked_it_stays_live(
         pool: WorkerPool) -> None:
     # The creator stops between O_EXCL create and flock (W-1); a second worker boots in
-    # that window, finds the unlocked file and adopts it (W-2). The creator must then
-    # leave that file alone (it is the other worker's main file now) and use another.
+    # that window, finds the unlocked file and adopts it (W-2): it copies it to a fresh
+    # file of its own and unlinks it (W-3, W-4). The creator's flock then succeeds on an
+    # unlinked inode: it must leave that file alone and use another name.
     creator = pool.spawn(pause_before_new_file_lock=True, wait_ready=False)
     creator.expect("stalled")
     [new_file] = pool.wal_files()
     claimer = pool.spawn()
-    assert _wal_file(claimer) == new_file
+    claimer_file = _wal_file(claimer)
+    assert pool.wal_files() == [claimer_file] != [new_file]
     creator.send("continue")
     creator.expect("ready")
     creator_file = _wal_file(creator)
-    assert creator_file != new_file
-    assert pool.wal_files() == sorted([new_file, creator_file])
+    assert creator_file not in (new_file, claimer_file)
+    assert pool.wal_files() == sorted([claimer_file, creator_file])
 
     task = claimer.call("add_task", context_hex=b"claimed".hex()).text("task_id")
     claimer.kill()
     heir = pool.spawn()
-    assert _wal_file(heir) == new_file
+    assert _wal_file(heir) not in (claimer_file, creator_file)
     assert _pending(heir) == [(task, b"claimed", None)]
+    assert _pending(creator) == []
 
 
 @pytest.mark.slow
@@ -204,15 +208,16 @@ def test_new_file_merged_away_by_a_booting_worker_before_its_creator_locked_it_i
     (pool.storage / "deferred-0-00000000-1-0").touch()  # An orphan sorting before any other.
     [orphan, new_file] = pool.wal_files()
     claimer = pool.spawn()
-    assert _wal_file(claimer) == orphan
-    assert pool.wal_files() == [orphan]  # The creator's new file was merged and unlinked.
+    claimer_file = _wal_file(claimer)
+    # Both adopted files were copied to the claimer's fresh file and unlinked (W-3, W-4).
+    assert pool.wal_files() == [claimer_file] and claimer_file not in (orphan, new_file)
     creator.send("continue")
     creator.expect("ready")
     creator_file = _wal_file(creator)
-    assert creator_file in pool.wal_files()
+    assert pool.wal_files() == sorted([claimer_file, creator_file])
 
     task = creator.call("add_task", context_hex=b"mine".hex()).text("task_id")
     creator.kill()
     heir = pool.spawn()
-    assert _wal_file(heir) == creator_file
+    assert _wal_file(heir) not in (claimer_file, creator_file)
     assert _pending(heir) == [(task, b"mine", None)]

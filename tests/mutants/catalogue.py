@@ -22,13 +22,14 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
+from deferq._deadindex import DeadIndex
 from deferq._deadstore import DeadTaskStore
-from deferq._env import Env, OpenFlag
+from deferq._env import Env, FileStat, OpenFlag
 from deferq._errors import DeadTasksLockTimeout, StorageBrokenError
 from deferq._format import encode_dead
-from deferq._io import join, lines_forward, write_all
+from deferq._io import join, lines_forward, repair_tail, write_all
 from deferq._limits import FILE_MODE, LOCK_ATTEMPTS_MAX, WAL_SIZE_INCREASE_RATIO, lock_sleep_s
-from deferq._model import Dead, StorageModel
+from deferq._model import Dead, Pending, StorageModel
 from deferq._types import DeadTask
 from deferq._wal import TasksWal
 from deferq.backends import Disk
@@ -62,12 +63,30 @@ class RetryFailedFsyncWal(TasksWal):
         self._last_sync_s = self._env.monotonic()
 
 
-class NoTailRepairWal(TasksWal):
-    """Adopts a WAL without cutting its torn tail: the next append is glued onto it (W-3)."""
+class AdoptInPlaceWal(TasksWal):
+    """Adopts the first claimed WAL in place, trusting its fsync, instead of a fresh copy (W-3).
 
-    def _repair_main_tail(self) -> None:
-        self._env.fsync(self._fd)  # BUG: no repair_tail() before appending.
-        self._env.fsync_dir(self._path)
+    It cuts the torn tail, appends the pending tasks of the other claimed files and
+    fsyncs; but after a previous owner's failed fsync (A-7) the adopted records are
+    only in the page cache, marked clean, and this fsync returns 0 without writing
+    them: the tasks it reports as recovered (and everything it syncs later) can be
+    lost at a power loss.
+    """
+
+    def _adopt(self, claimed: list[tuple[str, int]]) -> tuple[str, int]:
+        env = self._env
+        (name, fd), orphans = claimed[0], claimed[1:]
+        try:
+            repair_tail(env, fd)
+            if orphans:
+                write_all(env, fd, b"".join(task.line for task in self._live.values()))
+            env.fsync(fd)  # BUG: W-3 forbids trusting this fsync for the adopted records.
+            env.fsync_dir(self._path)
+        except BaseException:
+            self._close_fds([fd for _, fd in claimed])
+            raise
+        self._retire(orphans)
+        return name, fd
 
 
 class UnlinkBeforeSyncedCopyWal(TasksWal):
@@ -172,6 +191,7 @@ class NoDirFsyncAfterCreateStore(DeadTaskStore):
         self._closed = False
         self._broken = False
         self._pid = env.getpid()
+        self._init_process_state()
         self._lock_fd = env.open(join(path, dead_lock_name(prefix)),
                                  OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE, FILE_MODE)
         env.close(env.open(self._data, OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE,
@@ -600,10 +620,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "exploration: FsyncEio at the add's fsync, power loss loses the acked task",
            Engine("retry-failed-fsync", _disk("RetryFsync", wal=RetryFailedFsyncWal)),
            workloads=(_w(ADD),)),
-    Mutant("no-wal-tail-repair", "W-3, D-5, D-12: appends to an adopted WAL after a torn tail",
-           "exploration: torn WAL write, process kill, the recovery probe's add is lost",
-           Engine("no-wal-tail-repair", _disk("NoWalTailRepair", wal=NoTailRepairWal)),
-           workloads=(_w(ADD),)),
+    Mutant("adopt-in-place", "W-3, A-7, D-2, D-3: appends to an adopted WAL, trusting its fsync",
+           "exploration: eio at a restart's closing fsync, the next worker adopts the WAL from "
+           "the page cache and syncs, power loss loses the recovered task",
+           Engine("adopt-in-place", _disk("AdoptInPlace", wal=AdoptInPlaceWal)),
+           workloads=(_w(ADD, Step("restart", 0), Step("restart", 0), f=0.5),)),
     Mutant("unlink-before-synced-copy", "W-10, D-3: rotation unlinks the old WAL before the copy is synced",
            "exploration with a tiny rotation limit: power loss inside rotation loses t2",
            Engine("unlink-before-synced-copy",
@@ -612,3 +633,151 @@ MUTANTS: tuple[Mutant, ...] = (
 )
 
 __all__ = ["MUTANTS"]
+
+
+# ============================================================================ group commit (W-21)
+
+
+class LateTargetWal(TasksWal):
+    """Group commit that reads its target when the fsync returns, not before it began (W-21).
+
+    A record another thread wrote while the fsync ran is then marked durable, and its
+    writer, waiting for that fsync, is acknowledged with nothing on disk (D-15).
+    """
+
+    def _lead_fsync(self) -> None:
+        fd = self._fd
+        self._syncing = True
+        self._mutex.release()
+        try:
+            self._env.fsync(fd)
+        finally:
+            self._mutex.acquire()
+            self._syncing = False
+            self._synced.notify_all()
+        self._durable = self._written  # BUG: covers records written during the fsync.
+        self._dirty = False
+
+
+class AfterFsyncEnv(TracingEnv):
+    """A ``TracingEnv`` that runs a per-thread hook just after an fsync or a write took effect."""
+
+    def __init__(self, inner: SimEnv, after: dict[tuple[str, str], Callable[[], None]]) -> None:
+        super().__init__(inner, [])
+        self.after = after
+
+    def _hook(self, op: str) -> None:
+        hook = self.after.pop((threading.current_thread().name, op), None)
+        if hook is not None:
+            hook()
+
+    def fsync(self, fd: int) -> None:
+        super().fsync(fd)
+        self._hook("fsync")
+
+    def write(self, fd: int, data: bytes) -> int:
+        written = super().write(fd, data)
+        self._hook("write")
+        return written
+
+
+def scenario_add_while_another_threads_fsync_runs(engine: Engine) -> list[str]:
+    """Thread B adds ``b`` while thread A's fsync for ``a`` is running (W-21, D-15).
+
+    A's fsync has taken effect but not returned when B writes and waits; a correct WAL
+    makes B lead a second fsync (A's began before B's record existed), a WAL that takes
+    A's target late acknowledges B at once. Then the power fails.
+    """
+    disk = SimDisk(12)
+    after: dict[tuple[str, str], Callable[[], None]] = {}
+    backend = engine.disk_class(path=PATH, prefix=PREFIX, fsync_frequency=0,
+                                env=AfterFsyncEnv(disk.process(), after))
+    model = StorageModel()
+    errors: list[BaseException] = []
+    b_wrote = threading.Event()
+
+    def add(task: str) -> None:
+        op = model.add_task("w", task, Pending(f"ctx-{task}".encode(), None))
+        try:
+            backend.add_task(f"ctx-{task}".encode(), task_id=task)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            model.failed(op)
+            return
+        model.acked(op, durable=True)  # fsync_frequency=0: acknowledged means durable (D-1)
+
+    thread_b = threading.Thread(target=add, args=("b",), name="B")
+
+    def start_b() -> None:
+        after[("B", "write")] = b_wrote.set
+        thread_b.start()
+        b_wrote.wait(10)  # B holds the WAL mutex from its write until it waits or returns
+
+    after[("A", "fsync")] = start_b
+    thread_a = threading.Thread(target=add, args=("a",), name="A")
+    thread_a.start()
+    thread_a.join(20)
+    thread_b.join(20)
+    if errors:
+        return [f"scenario raised {type(errors[0]).__name__}: {errors[0]}"]
+    return check_disk(engine, disk, model)
+
+
+MUTANTS = MUTANTS + (
+    Mutant("group-commit-late-target",
+           "W-21, D-15: an fsync acknowledges records written after it began",
+           "scenario: thread B adds while thread A's fsync runs, then power loss loses b",
+           Engine("group-commit-late-target", _disk("LateTarget", wal=LateTargetWal)),
+           scenario=scenario_add_while_another_threads_fsync_runs),
+)
+
+
+# ============================================================================ dead-store index mutant
+
+
+class SizeOnlyIndex(DeadIndex):
+    """Trusts an index whenever the data file did not shrink (no identity or bytes check)."""
+
+    def usable(self, env: Env, fd: int, stat: FileStat, lock_ctime_ns: int) -> bool:
+        return stat.size >= self.end  # BUG: S-10 also wants inode, lock ctime and checked bytes.
+
+
+class SizeOnlyIndexStore(DeadTaskStore):
+    """Extends a stale index after another process's compaction (S-10, D-11)."""
+
+    _index_class: type[DeadIndex] = SizeOnlyIndex
+
+
+def scenario_index_after_another_process_compacted(engine: Engine) -> list[str]:
+    """P1 indexes ``a b c``; P2 compacts ``a`` away and adds ``d e``; P1 finds and lists (S-10).
+
+    The file is then larger than what P1 indexed, so an index checked by size alone is
+    extended from its old end: it misses ``d``, which now lies before that end.
+    """
+    disk = SimDisk(11)
+    p1 = engine.disk_class(path=PATH, prefix=PREFIX, fsync_frequency=0, env=disk.process())
+    p2 = engine.disk_class(path=PATH, prefix=PREFIX, fsync_frequency=0, env=disk.process())
+    model = StorageModel()
+    out: list[str] = []
+    for task in ("a", "b", "c"):
+        _add_dead(model, p1, task)
+    p1.list_dead_tasks()  # a list without a limit builds P1's index (S-11)
+    _remove_dead(model, p2, "a")
+    _add_dead(model, p2, "d")
+    _add_dead(model, p2, "e")
+    if p1.find_dead_task("d") is None:
+        out.append("find_dead_task('d') in P1 returned None after P2 compacted and added d (S-10)")
+    listed = [task.id for task in p1.list_dead_tasks()]
+    if listed != ["e", "d", "c", "b"]:
+        out.append(f"list_dead_tasks() in P1 returned {listed}, not ['e', 'd', 'c', 'b'] (S-10)")
+    p1.close()
+    p2.close()
+    return out + check_disk(engine, disk, model)
+
+
+MUTANTS = MUTANTS + (
+    Mutant("index-trusts-size", "S-10, D-11: a dead-task index trusted while the file did not shrink",
+           "scenario: two processes, find after the other process compacted and appended",
+           Engine("index-trusts-size", _disk("IndexTrustsSize", dead=SizeOnlyIndexStore)),
+           scenario=scenario_index_after_another_process_compacted),
+)

@@ -63,10 +63,10 @@ class DiesBeforeRemoval(Disk):
         print(f"dead-written {task_id}", flush=True)
         return stored
 
-    def remove_task(self, task_id: str) -> None:
+    def remove_task(self, task_id: str, *, sync: bool = True) -> None:
         if task_id == self.dead_written:
             os.kill(os.getpid(), signal.SIGKILL)
-        super().remove_task(task_id)
+        super().remove_task(task_id, sync=sync)
 
 
 async def main(path: str, mode: str) -> int:

@@ -250,6 +250,29 @@ class StorageMachine(RuleBasedStateMachine):
         return multiple(*added)
 
     @precondition(lambda self: len(self.workers) > 0)
+    @rule(target=tasks, slot=slots,
+          batch=st.lists(st.tuples(contexts, publish_ats), min_size=1, max_size=3),
+          then_sync=st.booleans())
+    def add_unsynced(self, slot: int, batch: list[tuple[bytes, int | None]],
+                     then_sync: bool) -> object:
+        """Adds with ``sync=False`` (W-24): acknowledged but not durable, even with f = 0;
+        then maybe ``sync_through`` the last ticket, after which all are durable (W-21, D-15)."""
+        worker = self._pick(slot)
+        added = []
+        for context, publish_at in batch:
+            task_id = worker.disk.add_task(context, publish_at, sync=False)
+            self.model.acked(self.model.add_task(worker.name, task_id, Pending(context, publish_at)))
+            self._ordered(worker.name, task_id, added=True)
+            assert task_id not in self.owner, f"W-5: id {task_id} issued twice"
+            self.owner[task_id] = worker.name
+            self.in_bundle.add(task_id)
+            added.append(task_id)
+        if then_sync:
+            worker.disk.sync_through(worker.disk.written_ticket())
+            self.model.synced(worker.name)
+        return multiple(*added)
+
+    @precondition(lambda self: len(self.workers) > 0)
     @rule(task_id=tasks, context=contexts, publish_at=publish_ats)
     def retry_task(self, task_id: str, context: bytes, publish_at: int | None) -> None:
         """Re-add an id in the WAL that holds it (a retry; never in another worker's, W-15)."""
@@ -547,7 +570,7 @@ class RotatingMachine(StorageMachine):
 
 TestStorageMachine = pytest.mark.slow(pytest.mark.spec(
     "D-1", "D-2", "D-3", "D-4", "D-7", "D-9", "D-12", "D-13", "W-4", "W-6", "W-7", "W-9",
-    "W-10", "A-11")(StorageMachine.TestCase))
+    "W-10", "A-11", "D-15", "W-24")(StorageMachine.TestCase))
 TestStorageMachine.settings = machine_settings(max_examples=150, stateful_step_count=50)
 
 

@@ -275,7 +275,8 @@ def test_a_second_disk_creates_its_own_file_while_the_first_is_open_and_adopts_a
     first.close()
     with open_disk(storage) as third:  # adopts the closed file only; the open one stays locked
         assert ids(third) == ["one"]
-        assert wal_files(storage) == sorted([mine, theirs])
+        files = wal_files(storage)
+        assert theirs in files and mine not in files and len(files) == 2  # mine was copied (W-3)
     second.close()
     with open_disk(storage) as fourth:
         assert set(ids(fourth)) == {"one", "two"}
@@ -301,24 +302,41 @@ def make_orphans(storage: Path, count: int) -> list[tuple[Path, list[str]]]:
     return sorted(files.items())
 
 
-@pytest.mark.spec("W-2", "W-4")
-def test_the_first_orphan_in_name_order_becomes_main_and_the_others_are_merged_in_order(
+def only_fresh_copy(storage: Path, adopted: list[Path]) -> Path:
+    """The one WAL file left after adoption: a new one, none of the ``adopted`` (W-3, W-4)."""
+    fresh = only_wal(storage)
+    assert fresh not in adopted
+    return fresh
+
+
+@pytest.mark.spec("W-2", "W-3", "W-4", "W-5")
+def test_orphans_are_copied_in_name_order_to_a_fresh_fsynced_file_and_only_then_unlinked(
         storage: Path) -> None:
-    (main, main_ids), (other, other_ids) = make_orphans(storage, 2)
+    (first, first_ids), (other, other_ids) = make_orphans(storage, 2)
     env = RecordingEnv()
     with open_disk(storage, env) as disk:
-        assert ids(disk) == main_ids + other_ids
-        assert wal_files(storage) == [main]
-        assert not any(c.flags is not None and OpenFlag.EXCLUSIVE in c.flags
-                       for c in env.calls_of("open"))
-        appended = env.last_index("write", str(main))
-        synced = env.index("fsync", str(main), start=appended)
-        unlinked = env.index("unlink", str(other), start=synced)
+        assert ids(disk) == first_ids + other_ids
+        fresh = str(only_fresh_copy(storage, [first, other]))
+        created = env.index("open", fresh)
+        assert (flags := env.calls[created].flags) is not None and OpenFlag.EXCLUSIVE in flags
+        name_synced = env.index("fsync_dir", str(storage), start=created)
+        copied = env.index("write", fresh, start=name_synced)
+        synced = env.index("fsync", fresh, start=env.last_index("write", fresh))
+        unlinked = max(env.index("unlink", str(path), start=synced) for path in (first, other))
         dir_synced = env.index("fsync_dir", str(storage), start=unlinked)
-        env.index("close", str(other), start=dir_synced)
-        assert not env.calls_of("write", str(other))
+        for path in (first, other):
+            env.index("close", str(path), start=dir_synced)
+            assert not env.calls_of("write", str(path)) and not env.calls_of("ftruncate", str(path))
+        assert copied < synced
+        lines = Path(fresh).read_bytes().split(b"\n")
+        marker = decode_wal_line(lines[0])  # W-5: the seed marker comes first
+        assert isinstance(marker, WalRem) and marker.task_id.endswith(f"-{PID}-0")
+        assert [decode_wal_line(line) for line in lines[1:-1]] == [
+            WalAdd(task_id, None, task_id.encode()) for task_id in first_ids + other_ids]
+        disk.add_task(b"z", task_id="z")
+        assert env.last_index("write", fresh) > dir_synced
     with open_disk(storage) as disk:
-        assert ids(disk) == main_ids + other_ids
+        assert ids(disk) == first_ids + other_ids + ["z"]
 
 
 class UnlinkBeforeLockEnv(RecordingEnv):
@@ -340,7 +358,7 @@ def test_a_file_unlinked_between_open_and_lock_is_skipped(storage: Path) -> None
     env = UnlinkBeforeLockEnv(ghost)
     with open_disk(storage, env) as disk:
         assert ids(disk) == kept_ids
-        assert wal_files(storage) == [kept]
+        only_fresh_copy(storage, [kept])
         assert not env.calls_of("pread", str(ghost))
 
 
@@ -375,42 +393,41 @@ TORN_TAILS = {
 }
 
 
-@pytest.mark.spec("W-3", "R-@F")
+@pytest.mark.spec("W-3", "W-4", "R-@F")
 @pytest.mark.parametrize("tail", list(TORN_TAILS.values()), ids=list(TORN_TAILS))
-def test_the_torn_tail_of_an_adopted_main_file_is_cut_and_fsynced_before_any_append(
+def test_a_torn_tail_is_left_behind_with_the_adopted_file_and_never_appended_to(
         storage: Path, tail: bytes, caplog: pytest.LogCaptureFixture) -> None:
     with open_disk(storage) as disk:
         disk.add_task(b"a", task_id="a")
         disk.add_task(b"b", task_id="b")
     wal = only_wal(storage)
-    good = wal.read_bytes()
-    wal.write_bytes(good + tail)
+    wal.write_bytes(wal.read_bytes() + tail)
     env = RecordingEnv()
     with open_disk(storage, env) as disk:
-        cut = env.index("ftruncate", str(wal))
-        assert env.calls[cut].size == len(good)
-        synced = env.index("fsync", str(wal), start=cut)
-        assert not env.calls_of("write", str(wal))
+        fresh = only_fresh_copy(storage, [wal])
+        assert not env.calls_of("write", str(wal)) and not env.calls_of("ftruncate", str(wal))
         disk.add_task(b"c", task_id="c")
-        assert env.index("write", str(wal)) > synced
-    assert wal.read_bytes() == good + encode_add("c", None, b"c")
+    records = fresh.read_bytes().split(b"\n", 1)[1]  # after the seed marker (W-5)
+    assert records == b"".join(encode_add(t, None, t.encode()) for t in ("a", "b", "c"))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="deferq"), open_disk(storage) as disk:
         assert ids(disk) == ["a", "b", "c"]
     assert corruption_warnings(caplog) == []
 
 
-@pytest.mark.spec("W-3")
-def test_an_adopted_main_file_is_fsynced_at_open_even_with_nothing_to_cut(storage: Path) -> None:
+@pytest.mark.spec("W-3", "W-9")
+def test_an_adopted_file_is_copied_and_the_copy_fsynced_before_open_returns(storage: Path) -> None:
     with open_disk(storage, f=3600) as disk:  # f > 0: the records may still be unsynced
         disk.add_task(b"a", task_id="a")
-    wal = str(only_wal(storage))
+    wal = only_wal(storage)
     env = RecordingEnv()
-    with open_disk(storage, env) as disk:
-        assert env.calls_of("ftruncate", wal) == []
-        synced = env.index("fsync", wal)
+    with open_disk(storage, env, f=3600) as disk:
+        fresh = str(only_fresh_copy(storage, [wal]))
+        opened = len(env.calls)
+        assert env.last_index("fsync", fresh) > env.last_index("write", fresh)
+        assert env.calls_of("fsync", str(wal)) == []  # its fsync may write nothing (A-7)
         disk.add_task(b"b", task_id="b")
-        assert env.index("write", wal) > synced
+        assert env.index("write", fresh, start=opened) >= opened
 
 
 @pytest.mark.spec("W-15", "W-2", "R-@J", "R-@I")
@@ -429,7 +446,9 @@ def test_records_of_one_id_in_several_files_apply_main_first_then_in_name_order(
     os.utime(other, (1, 1))
     with open_disk(storage) as disk:
         assert [(t.task_id, t.context) for t in disk.pending_tasks()] == expected
-        assert wal_files(storage) == [main]
+        only_fresh_copy(storage, [main, other])
+    with open_disk(storage) as disk:  # the copy keeps the outcome (W-3)
+        assert [(t.task_id, t.context) for t in disk.pending_tasks()] == expected
 
 
 @pytest.mark.spec("W-4", "R-@F", "D-5")
@@ -443,13 +462,55 @@ def test_a_torn_tail_of_a_merged_orphan_is_not_copied_and_the_following_records_
             handle.write(encode_add("torn", None, b"torn")[:-9])
     with open_disk(storage) as disk:
         assert ids(disk) == main_ids + middle_ids + last_ids
-        assert wal_files(storage) == [main]
-        assert wal_lines_are_all_valid(main)
+        fresh = only_fresh_copy(storage, [main, middle, last])
+        assert wal_lines_are_all_valid(fresh)
         disk.add_task(b"z", task_id="z")
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="deferq"), open_disk(storage) as disk:
         assert ids(disk) == main_ids + middle_ids + last_ids + ["z"]
     assert corruption_warnings(caplog) == []
+
+
+def is_new_wal(adopted: list[Path]) -> Callable[[str | None], bool]:
+    """Matches the path of a WAL file that is none of ``adopted``: the fresh copy (W-3)."""
+    names = {str(path) for path in adopted}
+    return lambda p: p is not None and is_wal_file_name(PREFIX, Path(p).name) and p not in names
+
+
+@pytest.mark.spec("W-4", "W-10")
+@pytest.mark.parametrize("failing", ["write", "fsync"])
+def test_a_failed_copy_at_adoption_is_discarded_and_the_adopted_files_are_left_unchanged(
+        storage: Path, failing: str) -> None:
+    orphans = make_orphans(storage, 2)
+    adopted = [path for path, _ in orphans]
+    before = snapshot(storage)
+    env = FaultyEnv()
+    env.inject(failing, match=is_new_wal(adopted))
+    with pytest.raises(OSError) as raised:
+        open_disk(storage, env)
+    assert not isinstance(raised.value, StorageBrokenError)
+    assert snapshot(storage) == before  # the copy was unlinked, nothing else changed
+    discarded = env.index("unlink")
+    assert is_new_wal(adopted)(env.calls[discarded].path)
+    env.index("fsync_dir", str(storage), start=discarded)
+    assert not any(call.path in {str(p) for p in adopted} for call in env.calls_of("unlink"))
+    with open_disk(storage) as disk:  # the next worker adopts the same tasks
+        assert ids(disk) == [task for _, tasks in orphans for task in tasks]
+
+
+@pytest.mark.spec("W-4", "W-12")
+def test_a_failed_unlink_of_an_adopted_file_makes_open_fail_stop_and_keeps_the_tasks(
+        storage: Path) -> None:
+    orphans = make_orphans(storage, 2)
+    env = FaultyEnv()
+    env.inject("unlink", path=str(orphans[1][0]))
+    with pytest.raises(StorageBrokenError):
+        open_disk(storage, env)
+    assert orphans[1][0].exists()
+    with open_disk(storage) as disk:  # the copy and the survivor hold the same pending tasks
+        # (in name order: the copy may sort before the survivor, so only the set is the same)
+        assert sorted(ids(disk)) == sorted(task for _, tasks in orphans for task in tasks)
+        only_wal(storage)
 
 
 # ----------------------------------------------------------------------------- W-8 fsync policy
@@ -763,7 +824,7 @@ def test_a_failed_cut_after_a_failed_write_breaks_the_wal(storage: Path) -> None
     with pytest.raises(StorageBrokenError):
         disk.pending_tasks()
     disk.close()
-    with open_disk(storage) as disk:  # the 11 stray bytes are a torn tail, cut at adoption (W-3)
+    with open_disk(storage) as disk:  # the 11 stray bytes are a torn tail, left behind at adoption (W-3)
         assert ids(disk) == ["a"]
 
 
