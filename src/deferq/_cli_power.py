@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="random seed (default: chosen and printed)")
     parser.add_argument("--fs", choices=("ext4",), default="ext4",
                         help="filesystem of the image (default %(default)s)")
+    parser.add_argument("--workers", choices=("storage", "queue", "mixed"), default="mixed",
+                        help="storage: processes that drive Disk directly; queue: real Queue "
+                             "processes over Disk (workers and an operator); mixed: both "
+                             "(default %(default)s)")
     parser.add_argument("--log", default=None,
                         help="also write every worker event as a JSON line to this file")
     parser.add_argument("--evidence", default=None,
@@ -58,7 +62,7 @@ def power_test(args: argparse.Namespace) -> int:
         return EXIT_UNSUPPORTED
     if not in_private_namespace():
         argv = [sys.executable, "-m", "deferq._cli_power", "--cycles", str(args.cycles),
-                "--seed", str(seed), "--fs", args.fs]
+                "--seed", str(seed), "--fs", args.fs, "--workers", args.workers]
         argv += ["--log", args.log] if args.log else []
         argv += ["--evidence", args.evidence] if args.evidence else []
         argv += ["--quiet"] if args.quiet else []
@@ -91,9 +95,10 @@ def _run_inside(args: argparse.Namespace, seed: int) -> int:
     logging.getLogger("deferq").setLevel(logging.ERROR)
     quiet = bool(args.quiet)
     if not quiet:
-        print(f"power-test: {args.cycles} cycles on a fresh {args.fs} image, seed {seed}",
-              flush=True)
-    config = PowerConfig(cycles=args.cycles, seed=seed, fs=args.fs, log_path=args.log, evidence_dir=args.evidence,
+        print(f"power-test: {args.cycles} cycles on a fresh {args.fs} image, seed {seed}, "
+              f"{args.workers} workers", flush=True)
+    config = PowerConfig(cycles=args.cycles, seed=seed, fs=args.fs, workers=args.workers,
+                         log_path=args.log, evidence_dir=args.evidence,
                          progress=None if quiet else sys.stdout)
     try:
         summary = run_power_test(config)
@@ -112,7 +117,8 @@ def _run_inside(args: argparse.Namespace, seed: int) -> int:
     print(f"power-test: image {summary.workdir} (removed)")
     if not quiet:
         print(summary.details())
-        print(f"  reproduce with: deferq power-test --cycles {args.cycles} --seed {seed}")
+        print(f"  reproduce with: deferq power-test --cycles {args.cycles} --seed {seed} "
+              f"--workers {args.workers}")
     print(summary.line(), flush=True)
     return 1 if summary.violations else 0
 

@@ -28,7 +28,8 @@ def main() -> int:
     logging.getLogger("deferq").setLevel(logging.CRITICAL)
     Disk._wal_class = NoFsyncWal
     cycles = int(sys.argv[1]) if len(sys.argv) > 1 else 30
-    summary = run_power_test(PowerConfig(cycles=cycles, seed=5, power_cut_rate=0.9))
+    summary = run_power_test(PowerConfig(cycles=cycles, seed=5, power_cut_rate=0.9,
+                                         workers="storage"))
     for violation in summary.violations[:3]:
         print("VIOLATION", violation.splitlines()[0][:300])
     print(f"power-test: image {summary.workdir} (removed)")

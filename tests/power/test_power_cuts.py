@@ -9,14 +9,16 @@ fsync or write fail on real syscalls (D-10, W-12, W-13, S-4, S-5).
 
 Method: the CI tier runs ``python -m deferq._cli_power`` (the code behind
 ``deferq power-test``), which re-executes itself in a private mount namespace,
-creates a fresh ext4 image, forks worker and operator processes using ``Disk``
-and cycles SIGKILLs and power cuts (the ext4 shutdown ioctl, NOLOGFLUSH, then
-unmount and mount: journal replay), checking every recovery against
-``deferq._model.StorageModel`` (docs/power-test.md). It needs root, loop
+creates a fresh ext4 image, forks worker and operator processes (storage-level
+ones using ``Disk``, queue-level ones running a real ``Queue`` over ``Disk``;
+three runs: mixed, queue only, storage only) and cycles SIGKILLs and power cuts
+(the ext4 shutdown ioctl, NOLOGFLUSH, then unmount and mount: journal replay),
+checking every recovery against ``deferq._model.StorageModel`` and following
+every enqueued task to its end (docs/power-test.md). It needs root, loop
 devices and mkfs.ext4, and skips with the reason otherwise (also when mounting
 fails, e.g. in a container without CAP_SYS_ADMIN). The injection tests run a
 probe program under ``strace -e inject=...`` restricted with ``-P`` to one
-file, then read the storage back with a fresh ``Disk``; they skip without
+file (WAL faults are placed by syscall number instead), then read the storage back with a fresh ``Disk``; they skip without
 strace or ptrace.
 """
 
@@ -33,8 +35,11 @@ import pytest
 from deferq._power._fs import missing_requirements
 from deferq._power._inject import judge, prepare, run_probe
 
-CI_CYCLES = int(os.environ.get("DEFERQ_POWER_CYCLES", "150"))
+CI_CYCLES = int(os.environ.get("DEFERQ_POWER_CYCLES", "80"))
 CI_SEED = int(os.environ.get("DEFERQ_POWER_SEED", "20261202"))
+# (worker mode, share of CI_CYCLES): mixed storage and queue roles, then queue roles alone,
+# then storage roles alone (the only run with the storage-level operator).
+CI_RUNS = [("mixed", 1.0), ("queue", 0.3), ("storage", 0.4)]
 
 
 def _leftovers(stdout: str) -> list[str]:
@@ -54,18 +59,36 @@ def _leftovers(stdout: str) -> list[str]:
     return out
 
 
+def _queue_figures(stdout: str) -> dict[str, int]:
+    """The counters of the details line ``  queue: ...`` (absent without queue roles)."""
+    lines = [line for line in stdout.splitlines() if line.startswith("  queue: ")]
+    if not lines:
+        return {}
+    out = {}
+    text = lines[-1]
+    for mark in "();,":
+        text = text.replace(mark, " ")
+    for item in text.split():
+        key, _, value = item.partition("=")
+        if value.isdigit():
+            out[key] = int(value)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.spec("D-1", "D-2", "D-3", "D-4", "D-6", "D-7", "D-9", "D-12", "D-13", "W-3", "W-4",
-                  "W-5")
-def test_power_cuts_and_kills_lose_nothing_acknowledged() -> None:
+                  "W-5", "Q-3", "Q-8", "Q-9", "Q-12", "Q-20", "Q-22")
+@pytest.mark.parametrize(("workers", "share"), CI_RUNS, ids=[w for w, _ in CI_RUNS])
+def test_power_cuts_and_kills_lose_nothing_acknowledged(workers: str, share: float) -> None:
     problem = missing_requirements()
     if problem is not None:
         pytest.skip(problem)
+    cycles = max(10, round(CI_CYCLES * share))
     result = subprocess.run(
-        [sys.executable, "-m", "deferq._cli_power", "--cycles", str(CI_CYCLES),
-         "--seed", str(CI_SEED), "--quiet"],
-        capture_output=True, text=True, timeout=600, check=False)
+        [sys.executable, "-m", "deferq._cli_power", "--cycles", str(cycles),
+         "--seed", str(CI_SEED), "--workers", workers],
+        capture_output=True, text=True, timeout=900, check=False)
     lines = result.stdout.strip().splitlines()
     if result.returncode == 2:
         pytest.skip(f"cannot run power cuts here: {result.stderr.strip()[-400:]}")
@@ -75,9 +98,18 @@ def test_power_cuts_and_kills_lose_nothing_acknowledged() -> None:
     fields = dict(item.split("=") for item in last.split()[1:])
     assert fields["violations"] == "0", result.stdout[-6000:]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert int(fields["cycles"]) == CI_CYCLES
-    assert int(fields["kills"]) + int(fields["power_cuts"]) >= CI_CYCLES
+    assert int(fields["cycles"]) == cycles
+    assert int(fields["kills"]) + int(fields["power_cuts"]) >= cycles
     assert int(fields["power_cuts"]) > 0 and int(fields["acknowledged"]) > 0
+    queue = _queue_figures(result.stdout)
+    if workers == "storage":
+        assert queue == {}
+    else:
+        # The queues really worked: they replayed, ran, retried and dead-lettered tasks,
+        # and the final drain accounted for durable enqueues.
+        assert queue["starts"] > 0 and queue["executions"] > queue["ok"] > 0, queue
+        assert queue["writes"] > 0 and queue["judged"] > 0, queue  # dead-letter writes, removals
+        assert queue["drain"] > 0, queue  # durable enqueues accounted for after the drain
     assert _leftovers(result.stdout) == [], "the power test left a mount or a loop device behind"
 
 
@@ -100,6 +132,30 @@ def test_the_harness_catches_an_engine_that_acknowledges_before_fsync() -> None:
     last = result.stdout.strip().splitlines()[-1]
     fields = dict(item.split("=") for item in last.split()[1:])
     assert int(fields["violations"]) > 0, result.stdout[-3000:]
+    assert _leftovers(result.stdout) == []
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.spec("D-13", "Q-8")
+def test_the_harness_catches_a_queue_that_removes_before_the_dead_write_returned() -> None:
+    """The queue checks are not vacuous: a dead-letter write that returns before it is done
+    lets the queue remove a given-up task from its WAL too early (D-13)."""
+    problem = missing_requirements()
+    if problem is not None:
+        pytest.skip(problem)
+    src = Path(__file__).resolve().parents[2] / "src"
+    result = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", sys.executable,
+         str(Path(__file__).with_name("queue_mutant_run.py")), "8"],
+        capture_output=True, text=True, timeout=300, check=False,
+        env=dict(os.environ, PYTHONPATH=str(src)))
+    if "MountError" in result.stderr or "unshare:" in result.stderr:
+        pytest.skip(f"cannot mount a test filesystem here: {result.stderr.strip()[-300:]}")
+    last = result.stdout.strip().splitlines()[-1]
+    fields = dict(item.split("=") for item in last.split()[1:])
+    assert int(fields["violations"]) > 0, result.stdout[-3000:]
+    assert "VIOLATION D-13" in result.stdout, result.stdout[-3000:]
     assert _leftovers(result.stdout) == []
 
 

@@ -18,7 +18,9 @@ have been written by some add (D-4).
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deferq._format import (
@@ -29,7 +31,17 @@ from deferq._format import (
     decode_wal_line,
     is_wal_file_name,
 )
-from deferq._model import ABSENT, Crash, Dead, IdHistory, Outcome, Pending, StorageModel
+from deferq._model import (
+    ABSENT,
+    Crash,
+    Dead,
+    IdHistory,
+    Outcome,
+    Pending,
+    Status,
+    StorageModel,
+    Write,
+)
 from deferq._power._workers import Event, digest
 from deferq._recovery import ForwardLines, RawLine, WalReplay
 
@@ -183,12 +195,17 @@ class Ledger:
         self._holders: dict[str, set[str]] = {}  # id -> live incarnations that adopted or added it
         self._live: set[str] = set()
         self.shared_ids: set[str] = set()  # ids pending in two live WALs at once (at-least-once)
-        # id -> (issued at, returned at, result) of acknowledged dead-store writes: two
-        # processes' writes to one id whose calls overlapped may have taken the lock in
-        # either order, whatever order their events reached the harness in.
+        # id -> (issued at, returned at, result) of acknowledged dead-store writes (and of
+        # writes in flight at the crash, returned at infinity): two processes' writes to one
+        # id whose calls overlapped may have taken the lock in either order, whatever order
+        # their events reached the harness in.
         self._dead_acked: dict[str, list[tuple[float, float, Outcome]]] = {}
         self.reordered = 0
         self.hit: dict[str, int] = {}  # operations in flight when a crash struck, by kind
+        # Called with (incarnation, id, digest) when an add whose acknowledgement never
+        # arrived is bound to the id the engine chose (the queue checks follow it too).
+        self.on_bind: Callable[[str, str, bytes], None] | None = None
+        self._writes: dict[tuple[str, int], Write] = {}  # (incarnation, seq) -> its WAL write
 
     # ------------------------------------------------------------------ events
     def on_event(self, incarnation: str, event: Event) -> None:
@@ -221,8 +238,10 @@ class Ledger:
                 self.ids_seen.add(task_id)
                 self._issued.setdefault(task_id, set()).add(task)
                 model_op = model.add_task(inc, task_id, task)
+                self._writes[(inc, seq)] = model.wal[task_id].writes[-1]
         elif kind == "rem":
             model_op = model.remove_task(inc, _str(event["id"]))
+            self._writes[(inc, seq)] = model.wal[_str(event["id"])].writes[-1]
         elif kind == "dead":
             n = event["n"]
             assert isinstance(n, int)
@@ -257,13 +276,23 @@ class Ledger:
                 waiting.remove(inc)
             self._known_add(inc, task_id, task)
             op.model_op = self.model.add_task(inc, task_id, task)
+            self._writes[(inc, seq)] = self.model.wal[task_id].writes[-1]
         returned = event.get("t")
         if self.cut_at is not None and isinstance(returned, float) and returned >= self.cut_at:
             self.late_acks += 1  # returned while the power was being cut: stays in flight
             return
         self.acknowledged += 1
         if op.kind == "sync":
-            self.model.synced(inc)
+            upto = op.fields.get("upto")
+            if isinstance(upto, list):
+                # A group commit (sync_through): durable are the writes it named, which were
+                # acknowledged before its ticket was read (Q-20, Q-22, W-21).
+                for covered in upto:
+                    write = self._writes.get((inc, int(str(covered))))
+                    if write is not None and write.status is Status.ACKED:
+                        write.durable = True
+            else:
+                self.model.synced(inc)
             self.synced_acks += 1
             return
         if op.kind == "rdead":
@@ -297,6 +326,8 @@ class Ledger:
             return False
         inc = waiting.pop(0)
         self._known_add(inc, task_id, task)
+        if self.on_bind is not None:
+            self.on_bind(inc, task_id, task.context)
         self.model.add_task(inc, task_id, task)  # issued, in flight: either outcome is allowed
         return True
 
@@ -322,6 +353,7 @@ class Ledger:
         """The process was killed: its open operations stay in flight in the model."""
         self._live.discard(incarnation)
         self._count_hits([op for key, op in self._ops.items() if key[0] == incarnation])
+        self._dead_in_flight([op for key, op in self._ops.items() if key[0] == incarnation])
         for key in [k for k in self._ops if k[0] == incarnation]:
             del self._ops[key]
 
@@ -336,6 +368,7 @@ class Ledger:
         """
         self.model.crash(crash)
         self._count_hits(list(self._ops.values()))
+        self._dead_in_flight(list(self._ops.values()))
         self._ops.clear()
         found = [f"{label}: {p}" for p in obs.problems]
         model = self.model
@@ -369,6 +402,7 @@ class Ledger:
             else:
                 found.append(f"{label}: {violation}")
         self._dead_acked.clear()
+        self._writes.clear()
         self._unknown.clear()
         self._holders.clear()
         self._live.clear()
@@ -380,6 +414,22 @@ class Ledger:
     def _count_hits(self, ops: list[_Op]) -> None:
         for op in ops:
             self.hit[op.kind] = self.hit.get(op.kind, 0) + 1
+
+    def _dead_in_flight(self, ops: list[_Op]) -> None:
+        """Dead-store writes cut off by the crash may have taken the store's lock at any
+        moment after they were issued: after an acknowledged write of the same id, too."""
+        for op in ops:
+            issued_at = op.fields.get("t")
+            if op.kind not in ("dead", "rdead") or not isinstance(issued_at, float):
+                continue
+            ids = op.fields.get("ids") or [op.fields["id"]]
+            assert isinstance(ids, list)
+            result: Outcome = ABSENT if op.kind == "rdead" else Dead(
+                _str(op.fields["h"]).encode(), _str(op.fields["c"]), int(str(op.fields["n"])),
+                _str(op.fields["m"]))
+            for task_id in ids:
+                self._dead_acked.setdefault(_str(task_id), []).append(
+                    (issued_at, math.inf, result))
 
     def _reordered(self, task_id: str, observed: Outcome) -> bool:
         """Whether ``observed`` is the result of an acknowledged dead-store write whose call

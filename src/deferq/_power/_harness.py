@@ -17,11 +17,18 @@ NOLOGFLUSH, then SIGKILL, unmount, mount: journal replay). Then:
 
 Work must continue: a role that dies on its own outside a power cut, or a run
 of cycles without a single acknowledgement, is a violation too.
+
+Queue-level roles (``_queue_roles``: a real ``Queue`` over a reporting ``Disk``)
+feed the same model through the same events; ``_qcheck.QueueLedger`` also
+follows each enqueued task to its end (D-13, Q-2, Q-3, Q-8, Q-9, Q-12). After
+the last cycle of a run with queue roles, a ``drain`` queue runs every task
+left to its end, and every acknowledged, durable enqueue must be accounted for.
 """
 
 from __future__ import annotations
 
 import errno
+import heapq
 import importlib
 import json
 import os
@@ -39,15 +46,39 @@ from deferq._model import Crash, Dead, Pending
 from deferq._osenv import OS_ENV
 from deferq._power._check import Ledger, Observation, observe
 from deferq._power._fs import Image, MountError
+from deferq._power._qcheck import QueueLedger, QueueStats
+from deferq._power._queue_roles import QUEUE_BODIES
 from deferq._power._workers import Event, Role, child_main, digest
 from deferq.backends import Disk
 
-DEFAULT_ROLES: tuple[Role, ...] = (
+STORAGE_ROLES: tuple[Role, ...] = (
     Role("w0", "worker", 0.0),
     Role("w1", "worker", 0.0),
     Role("w2", "worker", 0.02),  # timer fsyncs plus explicit sync(): D-2
     Role("op", "operator", 0.0),
 )
+DEFAULT_ROLES = STORAGE_ROLES
+QUEUE_ROLES: tuple[Role, ...] = (
+    Role("q0", "queue", 0.0),
+    Role("q1", "queue", 0.0),
+    Role("q2", "queue", 0.02),  # timer fsyncs, sync() and queue stop/start at times
+    Role("qop", "qop", 0.0),
+)
+MIXED_ROLES: tuple[Role, ...] = (
+    Role("w0", "worker", 0.0),
+    Role("w2", "worker", 0.02),
+    Role("q0", "queue", 0.0),
+    Role("q2", "queue", 0.02),
+    Role("qop", "qop", 0.0),
+)
+ROLE_SETS: dict[str, tuple[Role, ...]] = {
+    "storage": STORAGE_ROLES, "queue": QUEUE_ROLES, "mixed": MIXED_ROLES}
+# How long the roles work per cycle. A queue process needs 30-150 ms to open its Disk
+# (adopting and copying orphaned WALs) and start its queue before it runs anything.
+WORK_S: dict[str, tuple[float, float]] = {
+    "storage": (0.03, 0.12), "queue": (0.08, 0.3), "mixed": (0.06, 0.25)}
+DRAIN_ROLE = Role("drain", "drain", 0.0)
+DRAIN_TIMEOUT_S = 60.0
 STALL_CYCLES_MAX = 15
 
 
@@ -56,10 +87,11 @@ class PowerConfig:
     cycles: int = 100
     seed: int = 0
     fs: str = "ext4"
-    work_s: tuple[float, float] = (0.03, 0.12)
+    work_s: tuple[float, float] | None = None  # default: WORK_S of the worker mode
     kill_one_rate: float = 0.5  # chance per cycle of one mid-cycle SIGKILL + restart
     power_cut_rate: float = 0.6  # chance that a cycle ends in a power cut, not a SIGKILL of all
-    roles: tuple[Role, ...] = DEFAULT_ROLES
+    workers: str = "mixed"  # a key of ROLE_SETS
+    roles: tuple[Role, ...] | None = None  # overrides ``workers``
     log_path: str | None = None  # every event as a JSON line, outside the image
     evidence_dir: str | None = None  # where the files of a failing cycle are copied
     progress: IO[str] | None = None
@@ -85,6 +117,7 @@ class Summary:
     late_acks: int = 0  # returned after a power cut began: counted as in flight
     hit: dict[str, int] = field(default_factory=dict)  # ops in flight at a crash, by kind
     reordered: int = 0  # overlapping dead-store writes of one id resolved in the other order
+    queue: QueueStats | None = None  # what the queue roles did (None without queue roles)
 
     def line(self) -> str:
         return (f"power-test: cycles={self.cycles} kills={self.kills} "
@@ -100,7 +133,18 @@ class Summary:
                 f"{self.damaged_after_add}); cross-WAL duplicates={self.duplicates} "
                 f"(stale merges={self.stale_merges}); acks returned during a power cut="
                 f"{self.late_acks}; overlapping dead-store writes taken in the other order="
-                f"{self.reordered}; failed ops={failures}; in flight at a crash: {hit}")
+                f"{self.reordered}; failed ops={failures}; in flight at a crash: {hit}"
+                + ("" if self.queue is None else "\n" + queue_details(self.queue)))
+
+
+def queue_details(q: QueueStats) -> str:
+    logged = ", ".join(f"{k}={v}" for k, v in sorted(q.storage_log_errors.items())) or "none"
+    return (f"  queue: starts={q.starts} (tasks replayed={q.replayed}); executions={q.runs} "
+            f"(ok={q.ok_runs}); dead-letter writes={q.gave_up}; WAL removals judged="
+            f"{q.removals_judged}; durable enqueues={q.durable_enqueues} (accounted for after "
+            f"the drain={q.accounted}, not judged={q.foreign}: touched by storage roles or retried "
+            f"during a cut); storage errors "
+            f"logged by the queue={logged}")
 
 
 @dataclass(slots=True)
@@ -126,6 +170,15 @@ class Harness:
         self.procs: dict[str, _Proc] = {}
         self.selector = selectors.DefaultSelector()
         self.incarnations: dict[str, int] = {}
+        if config.workers not in ROLE_SETS:
+            raise ValueError(f"workers must be one of {sorted(ROLE_SETS)}, got {config.workers!r}")
+        self.roles = config.roles if config.roles is not None else ROLE_SETS[config.workers]
+        self.qledger = QueueLedger([r.name for r in self.roles + (DRAIN_ROLE,)
+                                    if r.body in QUEUE_BODIES])
+        self.qledger.violations = self.ledger.violations  # one list, in the order found
+        self.ledger.on_bind = self.qledger.bind_unknown
+        self.has_queue = any(r.body in QUEUE_BODIES for r in self.roles)
+        self.drained = False
         self.log: IO[str] | None = open(config.log_path, "a") if config.log_path else None
         self.expect_exits = False
         self.canary_acks = 0
@@ -152,16 +205,50 @@ class Harness:
         self.procs[role.name] = proc
         self.selector.register(read_fd, selectors.EVENT_READ, proc)
 
-    def _feed(self, proc: _Proc, data: bytes) -> None:
+    def _take(self, proc: _Proc, data: bytes) -> list[Event]:
+        """The complete event lines of ``data`` (what follows the last newline waits)."""
         proc.buf += data
         *lines, proc.buf = proc.buf.split(b"\n")
-        for line in lines:
-            event: Event = json.loads(line)
-            if self.log is not None:
-                self.log.write(json.dumps({"w": proc.incarnation, **event}) + "\n")
-            self.ledger.on_event(proc.incarnation, event)
-            if event["e"] == "X" and not self.expect_exits:
-                self._self_exit(proc, event)
+        return [json.loads(line) for line in lines]
+
+    def _feed_merged(self, batches: list[tuple[_Proc, list[Event]]]) -> None:
+        """Feed several processes' events in the order they happened.
+
+        Each pipe is in order, but pipes are read one after the other: a process may
+        act on another's acknowledged write (an operator removes a dead task it just
+        listed) while the harness has not read the first pipe yet. So the streams are
+        merged by the time each event carries (an event without one keeps its stream's
+        last time), never reordering a stream.
+        """
+        heads: list[tuple[float, int, int]] = []
+        last = [0.0] * len(batches)
+
+        def when(b: int, i: int) -> float:
+            t = batches[b][1][i].get("t")
+            if isinstance(t, float):
+                last[b] = t
+            return last[b]
+
+        for b, (_, events) in enumerate(batches):
+            if events:
+                heapq.heappush(heads, (when(b, 0), b, 0))
+        while heads:
+            _, b, i = heapq.heappop(heads)
+            proc, events = batches[b]
+            self._feed_event(proc, events[i])
+            if i + 1 < len(events):
+                heapq.heappush(heads, (when(b, i + 1), b, i + 1))
+
+    def _feed_event(self, proc: _Proc, event: Event) -> None:
+        if self.log is not None:
+            self.log.write(json.dumps({"w": proc.incarnation, **event}) + "\n")
+        self.ledger.on_event(proc.incarnation, event)
+        self.qledger.expect_errors = self.expect_exits
+        self.qledger.on_event(proc.incarnation, event)
+        if event["e"] == "Q" and event["k"] == "drained":
+            self.drained = True
+        if event["e"] == "X" and not self.expect_exits:
+            self._self_exit(proc, event)
 
     def _self_exit(self, proc: _Proc, event: Event) -> None:
         self.summary.self_exits += 1
@@ -178,26 +265,47 @@ class Harness:
         os.close(proc.fd)
         os.waitpid(proc.pid, 0)
 
-    def _read(self, proc: _Proc) -> bool:
-        """Read what is available; False at EOF (the process is gone)."""
-        try:
-            data = os.read(proc.fd, 1 << 16)
-        except BlockingIOError:
-            return True
-        if not data:
-            return False
-        self._feed(proc, data)
-        return True
+    def _read(self, proc: _Proc, *, to_eof: bool = False) -> tuple[list[Event], bool]:
+        """Everything readable now (``to_eof``: until the writer is gone); (events, at EOF)."""
+        os.set_blocking(proc.fd, to_eof)
+        events: list[Event] = []
+        while True:
+            try:
+                data = os.read(proc.fd, 1 << 16)
+            except BlockingIOError:
+                return events, False
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if not data:
+                return events, True
+            events += self._take(proc, data)
+
+    def _read_all(self, dead: list[_Proc]) -> None:
+        """Read the ``dead`` processes' pipes to their end and what the others hold, merged."""
+        batches = [(proc, self._read(proc, to_eof=True)[0]) for proc in dead]
+        others = [p for p in self.procs.values() if p.alive and p not in dead]
+        batches += [(proc, self._read(proc)[0]) for proc in others]
+        self._feed_merged(batches)
 
     def pump(self, until: float) -> None:
         """Read every pipe until the monotonic time ``until``; restart roles that exited."""
         while (left := until - time.monotonic()) > 0:
-            for key, _ in self.selector.select(timeout=left):
+            ready = self.selector.select(timeout=left)
+            batches: list[tuple[_Proc, list[Event]]] = []
+            gone: list[_Proc] = []
+            for key, _ in ready:
                 proc = key.data
                 assert isinstance(proc, _Proc)
-                if not self._read(proc):
-                    self._close(proc)
-                    self.spawn(proc.role)  # work continues
+                events, eof = self._read(proc)
+                batches.append((proc, events))
+                if eof:
+                    gone.append(proc)
+            self._feed_merged(batches)
+            for proc in gone:
+                self._close(proc)
+                self.spawn(proc.role)  # work continues
 
     def kill(self, proc: _Proc) -> None:
         """SIGKILL, then read the pipe to its end: lines written before death are valid."""
@@ -205,36 +313,34 @@ class Harness:
             os.kill(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        os.set_blocking(proc.fd, True)
-        while True:
-            try:
-                data = os.read(proc.fd, 1 << 16)
-            except OSError as exc:
-                if exc.errno == errno.EINTR:
-                    continue
-                raise
-            if not data:
-                break
-            self._feed(proc, data)
+        self._read_all([proc])
         self.ledger.forget(proc.incarnation)
+        self.qledger.forget(proc.incarnation)
         self._close(proc)
 
     def kill_all(self) -> None:
-        for proc in list(self.procs.values()):
-            if proc.alive:
+        victims = [proc for proc in self.procs.values() if proc.alive]
+        for proc in victims:
+            try:
                 os.kill(proc.pid, signal.SIGKILL)
-        for proc in list(self.procs.values()):
-            if proc.alive:
-                self.kill(proc)
+            except ProcessLookupError:
+                pass
+        self._read_all(victims)
+        for proc in victims:
+            self.ledger.forget(proc.incarnation)
+            self.qledger.forget(proc.incarnation)
+            self._close(proc)
         self.procs.clear()
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> Summary:
         start = time.monotonic()
-        stalled = 0
+        stalled = queue_stalled = 0
+        fatal = False
         try:
             for cycle in range(1, self.config.cycles + 1):
                 acked_before = self.ledger.acknowledged
+                runs_before = self.qledger.stats.runs
                 seen = len(self.ledger.violations)
                 try:
                     self.cycle(cycle)
@@ -244,6 +350,7 @@ class Harness:
                     self.ledger.violations.append(
                         f"cycle {cycle}: the run stopped: {type(exc).__name__}: {exc}")
                     self.summary.cycles = cycle
+                    fatal = True
                     break
                 if self.config.progress is not None:
                     for violation in self.ledger.violations[seen:]:
@@ -253,11 +360,23 @@ class Harness:
                     self.ledger.violations.append(
                         f"cycle {cycle}: no operation acknowledged in {stalled} cycles")
                     stalled = 0
+                queue_stalled = queue_stalled + 1 if (
+                    self.has_queue and self.qledger.stats.runs == runs_before) else 0
+                if queue_stalled >= STALL_CYCLES_MAX:
+                    self.ledger.violations.append(
+                        f"cycle {cycle}: no queue ran a task in {queue_stalled} cycles")
+                    queue_stalled = 0
                 self.summary.cycles = cycle
                 self._sync_summary()
                 if self.config.progress is not None and cycle % 25 == 0:
                     print(f"  cycle {cycle}: {self.summary.line()[12:]}",
                           file=self.config.progress, flush=True)
+            if self.has_queue and not fatal:
+                try:
+                    self.drain()
+                except (DeferqError, OSError, MountError) as exc:
+                    self.ledger.violations.append(
+                        f"final drain: stopped: {type(exc).__name__}: {exc}")
         finally:
             self.expect_exits = True
             self.kill_all()
@@ -277,25 +396,26 @@ class Harness:
         self.summary.reordered = self.ledger.reordered
         self.summary.hit = dict(self.ledger.hit)
         self.summary.violations = list(self.ledger.violations)
+        self.summary.queue = self.qledger.stats if self.has_queue else None
 
     def cycle(self, cycle: int) -> None:
         cfg = self.config
         rng = self.rng
         self.expect_exits = False
-        for role in cfg.roles:
+        for role in self.roles:
             self.spawn(role)
         now = time.monotonic()
-        end = now + rng.uniform(*cfg.work_s)
+        end = now + rng.uniform(*(cfg.work_s or WORK_S[cfg.workers]))
         if rng.random() < cfg.kill_one_rate:
             self.pump(now + (end - now) * rng.uniform(0.1, 0.9))
-            victim = self.procs[rng.choice(cfg.roles).name]
+            victim = self.procs[rng.choice(self.roles).name]
             self.kill(victim)
             self.summary.kills += 1
             self.spawn(victim.role)
         self.pump(end)
         if rng.random() < cfg.power_cut_rate:
             self.expect_exits = True
-            self.ledger.cut_at = time.monotonic()
+            self.ledger.cut_at = self.qledger.cut_at = time.monotonic()
             self.image.power_cut()
             self.summary.power_cuts += 1
             self.kill_all()
@@ -307,6 +427,29 @@ class Harness:
             self.summary.kills += 1
             crash = Crash.PROCESS_KILL
         self.check(cycle, crash)
+
+    def drain(self) -> None:
+        """After the last cycle: one queue runs every task left to its end (Q-9), then the
+        files must hold nothing due and every durable enqueue must be accounted for."""
+        label = "final drain"
+        self.expect_exits = False
+        self.drained = False
+        self.spawn(DRAIN_ROLE)
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while not self.drained and (left := deadline - time.monotonic()) > 0:
+            self.pump(time.monotonic() + min(left, 0.2))
+        if not self.drained:
+            self.ledger.violations.append(f"{label}: the queue did not run every task to its end "
+                                          f"within {DRAIN_TIMEOUT_S:.0f} s")
+        self.expect_exits = True
+        self.kill_all()
+        obs = observe(self.storage, DEFAULT_PREFIX)
+        self.ledger.check(obs, Crash.PROCESS_KILL, label)
+        self.qledger.check(obs, label)
+        if self.drained and obs.pending:
+            self.ledger.violations.append(f"{label}: tasks still pending after the queue drained: "
+                                          f"{sorted(obs.pending)[:10]}")
+        self.qledger.account(obs, label)
 
     # ------------------------------------------------------------------ the check
     def check(self, cycle: int, crash: Crash) -> None:
@@ -344,6 +487,7 @@ class Harness:
             dead = {t.id: Dead(digest(t.context).encode(), t.task_class, t.attempts,
                                t.exception_message) for t in disk.list_dead_tasks()}
             ledger.check(obs, crash, label)
+            self.qledger.check(obs, label)
             self._compare(obs, pending, dead, label)
             self._canary(disk, cycle)
         after = observe(self.storage, DEFAULT_PREFIX)

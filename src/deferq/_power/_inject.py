@@ -3,8 +3,9 @@
 Theory of operation. ``prepare`` opens and closes a ``Disk`` once, so the WAL
 file and the dead-task data file exist with known names. ``run_probe`` then
 runs ``python -m deferq._power._inject PATH OUT`` under ``strace -f -qq`` with
-``-e inject=...`` restricted by ``-P`` to those two files: the probe's ``Disk``
-adopts the WAL file (W-2), adds tasks, dead-letters some and removes one,
+``-e inject=...`` restricted by ``-P`` to the dead-task files (the probe's ``Disk``
+adopts the WAL file into a fresh file with a random name, W-4, so faults in the
+WAL are placed by syscall number from a dry run instead), adds tasks, dead-letters some and removes one,
 recording for every call whether it returned or raised (and what). Afterwards
 ``reopen`` reads the storage back with a fresh ``Disk`` (no strace) and
 ``judge`` applies D-10: no call may report success for data that is not there
@@ -98,8 +99,73 @@ def probe(path: str, out: str) -> None:
                    {k: getattr(c, k) for k in c.__slots__} for c in calls], f)
 
 
+_WHEN = re.compile(r"^(?P<call>\w+):(?P<rest>.*):when=(?P<first>\d+)(?P<plus>\+?)$")
+_PROBE_ENV = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")  # the same syscalls every run
+
+
+def _wal_call_numbers(path: str, call: str) -> list[int]:
+    """Which ``call`` syscalls of the probe (1-based, counted as strace's ``when`` counts
+    them) go to a WAL file, from a dry run on a copy of the storage. Writes count only
+    when they carry an add record (the N-th add's write, whatever the file's setup
+    writes); fsyncs count all (the first is the one at open).
+
+    The probe's ``Disk`` adopts the prepared WAL by copying it into a fresh file whose name
+    is random (W-4), so ``-P`` cannot name it in advance: injections into the WAL are
+    placed by number instead. The probe is single-threaded (fsync_frequency=0), so the
+    numbers are the same in the injected run up to the first injected fault.
+    """
+    work = tempfile.mkdtemp(prefix="deferq-inject-dry-")
+    try:
+        copy = os.path.join(work, "storage")
+        shutil.copytree(path, copy)
+        log = os.path.join(work, "strace.log")
+        subprocess.run(["strace", "-qq", "-y", "-o", log, "-e", f"trace={call}",
+                        sys.executable, "-m", "deferq._power._inject", copy,
+                        os.path.join(work, "calls.json")],
+                       check=True, capture_output=True, timeout=120, env=_PROBE_ENV)
+        numbers = []
+        with open(log) as f:
+            calls = [line for line in f if line.startswith(f"{call}(")]
+        for n, line in enumerate(calls, 1):
+            fd_path = line[line.index("<") + 1:line.index(">")] if "<" in line else ""
+            if not is_wal_file_name(DEFAULT_PREFIX, os.path.basename(fd_path)):
+                continue
+            if call == "write" and ":add:" not in line:
+                continue  # writes are numbered by the adds they carry, not the file's setup
+            numbers.append(n)
+        return numbers
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _place_in_wal(path: str, spec: str) -> str:
+    """``fsync:error=EIO:when=2`` on the WAL -> the same fault at the 2nd WAL fsync's number;
+    ``when=K+`` covers the K-th through the last WAL call of the dry run."""
+    match = _WHEN.match(spec)
+    if match is None:
+        raise ValueError(f"a WAL injection needs a when=N or when=N+ clause, got {spec!r}")
+    numbers = _wal_call_numbers(path, match["call"])
+    first = int(match["first"])
+    if not 1 <= first <= len(numbers):
+        raise ValueError(f"the probe makes {len(numbers)} {match['call']} call(s) on its WAL; "
+                         f"{spec!r} asks for number {first}")
+    when = str(numbers[first - 1])
+    if match["plus"]:
+        when += f"..{numbers[-1]}"
+    return f"{match['call']}:{match['rest']}:when={when}"
+
+
 def run_probe(path: str, inject: list[str], trace_paths: list[str]) -> ProbeRun:
-    """Run ``probe`` under strace with the given ``-e inject=`` specs, then read back."""
+    """Run ``probe`` under strace with the given ``-e inject=`` specs, then read back.
+
+    A trace path that is a WAL file means "the probe's WAL", wherever the probe's Disk
+    puts it: the specs are then placed by syscall number (``_place_in_wal``).
+    """
+    in_wal = any(is_wal_file_name(DEFAULT_PREFIX, os.path.basename(p)) for p in trace_paths)
+    if in_wal:
+        inject = [_place_in_wal(path, spec) for spec in inject]
+        trace_paths = [p for p in trace_paths
+                       if not is_wal_file_name(DEFAULT_PREFIX, os.path.basename(p))]
     work = tempfile.mkdtemp(prefix="deferq-inject-")
     try:
         out = os.path.join(work, "calls.json")
@@ -110,7 +176,7 @@ def run_probe(path: str, inject: list[str], trace_paths: list[str]) -> ProbeRun:
         for p in trace_paths:
             cmd += ["-P", p]
         cmd += [sys.executable, "-m", "deferq._power._inject", path, out]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+        subprocess.run(cmd, check=True, capture_output=True, timeout=120, env=_PROBE_ENV)
         run = ProbeRun()
         with open(out) as f:
             run.calls = [Call(**c) for c in json.load(f)]

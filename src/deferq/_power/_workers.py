@@ -18,9 +18,12 @@ D-13); some workers fsync every write, others use a timer and call ``sync()``.
 The operator lists dead tasks, retries some (re-enqueues the context as a new
 task in its own WAL, then ``remove_dead_tasks``) and removes others.
 
-To plug in queue-level workers later, add a ``Body`` to ``BODIES`` that gives the
-queue a ``ReportingDisk`` (from ``open_reporting``) as its backend: every backend
-call the queue makes is then reported exactly like the storage-level ones.
+Queue-level workers (``_queue_roles``) add their ``Body`` to ``BODIES`` and give a
+real ``deferq.Queue`` a ``ReportingDisk`` (from ``open_reporting``) as its backend:
+every backend call the queue makes is then reported exactly like the storage-level
+ones. A queue role sets ``TAG`` around an enqueue (or an operator retry or removal)
+so the add (or ``rdead``) event also names the task it carries; the queue calls
+the dead-task store from worker threads, so ``Emit`` is thread-safe.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -44,6 +49,11 @@ from deferq.backends import Disk
 _T = TypeVar("_T")
 
 Event = dict[str, object]
+
+# What the next engine-id add (or dead-task removal) of this context carries: set by a
+# queue role around ``enqueue`` / ``retry_dead_tasks`` / ``remove_dead_tasks``. A
+# ContextVar, because ``asyncio.to_thread`` copies it into the thread doing the call.
+TAG: ContextVar[dict[str, object] | None] = ContextVar("deferq_power_tag", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,17 +76,21 @@ class Emit:
         self._fd = fd
         self.incarnation = incarnation
         self._seq = 0
+        self._lock = threading.Lock()  # the queue writes from its loop and from threads
 
     def send(self, event: Event) -> None:
         data = (json.dumps(event, separators=(",", ":")) + "\n").encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
+        with self._lock:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
 
     def issue(self, kind: str, **fields: object) -> int:
-        self._seq += 1
-        self.send({"e": "I", "s": self._seq, "k": kind, "t": time.monotonic(), **fields})
-        return self._seq
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        self.send({"e": "I", "s": seq, "k": kind, "t": time.monotonic(), **fields})
+        return seq
 
     def ack(self, seq: int, **fields: object) -> None:
         # The moment the call returned (CLOCK_MONOTONIC is system-wide): an acknowledgement
@@ -127,7 +141,10 @@ class ReportingDisk:
 
     def add_task(self, context: bytes, publish_at: int | None = None,
                  task_id: str | None = None) -> str:
-        seq = self.emit.issue("add", id=task_id, h=digest(context), p=publish_at, d=self.durable)
+        tag = TAG.get() if task_id is None else None
+        extra: dict[str, object] = {} if tag is None else {"g": tag}
+        seq = self.emit.issue("add", id=task_id, h=digest(context), p=publish_at, d=self.durable,
+                              **extra)
         new_id = self._call(seq, lambda: self.disk.add_task(context, publish_at, task_id))
         self.emit.ack(seq, id=new_id)
         return new_id
@@ -153,7 +170,8 @@ class ReportingDisk:
 
     def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
         listed = [ids] if isinstance(ids, str) else list(ids or [])
-        seq = self.emit.issue("rdead", ids=listed)
+        tag = TAG.get()
+        seq = self.emit.issue("rdead", ids=listed, **({} if tag is None else {"g": tag}))
         removed = self._call(seq, lambda: self.disk.remove_dead_tasks(listed))
         self.emit.ack(seq, n=removed)
         return removed
@@ -172,6 +190,114 @@ class ReportingDisk:
 
     def close(self) -> None:
         self.disk.close()
+
+
+class ReportingQueueDisk(Disk):
+    """A real ``Disk`` (the queue recognizes it as one) that reports every write.
+
+    The queue writes completions, retries and ``aenqueue`` adds with ``sync=False``
+    and makes them durable with a group commit: ``written_ticket()`` on its loop,
+    then ``sync_through(ticket)`` in a thread (Q-20, Q-22). A write acknowledged
+    before ``written_ticket()`` returned has a ticket at most that one, so the
+    ``sync`` event of ``sync_through`` names (``upto``) exactly the acknowledged,
+    unsynced writes it covers; writes it may not cover stay unsynced in the model.
+    ``sync()`` covers every write, as for ``ReportingDisk``.
+    """
+
+    def __init__(self, *, emit: Emit, **options: float | str) -> None:
+        self.emit = emit
+        self._lock = threading.Lock()
+        self._unsynced: list[int] = []  # acknowledged writes not known durable, in ack order
+        self._covered: dict[int, list[int]] = {}  # ticket -> unsynced writes it covers
+        path, fsync_frequency = options["path"], options["fsync_frequency"]
+        assert isinstance(path, str) and isinstance(fsync_frequency, float)
+        super().__init__(path=path, fsync_frequency=fsync_frequency)
+        self.durable = self.fsync_frequency == 0
+
+    def _acked(self, seq: int, durable: bool, **fields: object) -> None:
+        if not durable:
+            with self._lock:
+                self._unsynced.append(seq)
+        self.emit.ack(seq, **fields)
+
+    def _call(self, seq: int, fn: Callable[[], _T]) -> _T:
+        try:
+            return fn()
+        except BaseException as exc:
+            self.emit.fail(seq, exc)
+            raise
+
+    def add_task(self, context: bytes, publish_at: int | None = None,
+                 task_id: str | None = None, *, sync: bool = True) -> str:
+        tag = TAG.get() if task_id is None else None
+        durable = self.durable and sync
+        seq = self.emit.issue("add", id=task_id, h=digest(context), p=publish_at, d=durable,
+                              **({} if tag is None else {"g": tag}))
+        new_id = self._call(seq, lambda: super(ReportingQueueDisk, self).add_task(
+            context, publish_at, task_id, sync=sync))
+        self._acked(seq, durable, id=new_id)
+        return new_id
+
+    def remove_task(self, task_id: str, *, sync: bool = True) -> None:
+        durable = self.durable and sync
+        seq = self.emit.issue("rem", id=task_id, d=durable)
+        self._call(seq, lambda: super(ReportingQueueDisk, self).remove_task(task_id, sync=sync))
+        self._acked(seq, durable)
+
+    def written_ticket(self) -> int:
+        with self._lock:
+            covered = list(self._unsynced)  # taken before the ticket is read: all covered
+        ticket = super().written_ticket()
+        with self._lock:
+            self._covered[ticket] = covered
+        return ticket
+
+    def sync_through(self, ticket: int) -> None:
+        with self._lock:
+            covered = self._covered.pop(ticket, [])
+        seq = self.emit.issue("sync", upto=covered)
+        self._call(seq, lambda: super(ReportingQueueDisk, self).sync_through(ticket))
+        with self._lock:
+            done = set(covered)
+            self._unsynced = [s for s in self._unsynced if s not in done]
+        self.emit.ack(seq)
+
+    def sync(self) -> None:
+        with self._lock:
+            covered = list(self._unsynced)
+        seq = self.emit.issue("sync")
+        self._call(seq, super().sync)
+        with self._lock:
+            done = set(covered)
+            self._unsynced = [s for s in self._unsynced if s not in done]
+        self.emit.ack(seq)
+
+    def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
+                      task_class: str, attempts: int) -> str:
+        seq = self.emit.issue("dead", id=task_id, h=digest(context), c=task_class, n=attempts,
+                              m=str(exception))
+        result = self._call(seq, lambda: super(ReportingQueueDisk, self).add_dead_task(
+            task_id, context, exception, task_class=task_class, attempts=attempts))
+        self.emit.ack(seq)
+        return result
+
+    def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
+        listed = [ids] if isinstance(ids, str) else list(ids or [])
+        tag = TAG.get()
+        seq = self.emit.issue("rdead", ids=listed, **({} if tag is None else {"g": tag}))
+        removed = self._call(seq, lambda: super(ReportingQueueDisk, self).remove_dead_tasks(
+            listed))
+        self.emit.ack(seq, n=removed)
+        return removed
+
+
+def open_queue_disk(role: Role, path: str, emit: Emit) -> ReportingQueueDisk:
+    """Open a reporting ``Disk`` for a queue and report what it adopted (D-4)."""
+    seq = emit.issue("open")
+    disk = ReportingQueueDisk(emit=emit, path=path, fsync_frequency=float(role.fsync_frequency))
+    tasks = [[t.task_id, digest(t.context), t.publish_at] for t in disk.pending_tasks()]
+    emit.ack(seq, tasks=tasks)
+    return disk
 
 
 def open_reporting(role: Role, path: str, emit: Emit) -> ReportingDisk:
