@@ -1,0 +1,87 @@
+"""Smoke test of the storage benchmark (benchmarks/bench_storage.py, issue #6).
+
+Goal: the benchmark cannot rot: it still runs every workload against the current API and
+reports every row with positive numbers. Method: run it as a command with ``--smoke`` (tiny
+sizes, a few seconds) into a temporary JSON file and scratch directory, then check the one
+JSON line it appended: every row of the issue is there, each with positive per-repetition
+times for deferq and both baselines, positive ratios and a verdict; the memory rows have
+positive peaks. The numbers themselves are not judged (tiny sizes on a busy machine).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "bench_storage.py"
+SIDES = ("deferq", "raw", "sqlite")
+# One row per line of the table in issue #6 (find and enqueue rows have several variants).
+EXPECTED_ROWS = {
+    "enq_crash_disk", "enq_crash_queue", "enq_power_disk", "enq_power_queue",
+    "enq_power_queue_16", "dead_add_1p", "dead_add_2p", "dead_list_newest", "dead_list_offset",
+    "dead_find_recent", "dead_find_oldest", "dead_find_missing", "dead_find_recent_cold",
+    "dead_find_oldest_cold", "dead_find_missing_cold", "dead_remove_1", "dead_remove_many",
+    "replay",
+}
+EXPECTED_MEMORY = {"dead_list_newest", "dead_list_offset", "dead_find_recent",
+                   "dead_find_oldest", "dead_find_missing", "replay"}
+
+
+def run_bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--dir", str(tmp_path),
+         "--json-out", str(tmp_path / "results.jsonl"), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+
+
+def positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_smoke_run_reports_every_row_with_positive_numbers(tmp_path: Path) -> None:
+    done = run_bench(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (tmp_path / "results.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert record["mode"] == "smoke"
+    rows = {row["key"]: row for row in record["rows"]}
+    assert set(rows) == EXPECTED_ROWS
+    assert len(record["rows"]) == len(EXPECTED_ROWS)
+    for key, row in rows.items():
+        reps = row["reps"]
+        assert reps >= 1, key
+        for side in SIDES:
+            assert len(row[f"{side}_s"]) == reps, (key, side)
+            assert all(positive(s) for s in row[f"{side}_s"]), (key, side, row[f"{side}_s"])
+            assert positive(row[f"{side}_median_s"]), (key, side)
+        for side in ("raw", "sqlite"):
+            assert len(row[f"ratios_vs_{side}"]) == reps, (key, side)
+            assert positive(row[f"ratio_vs_{side}"]), (key, side)
+        assert row["target"], key
+        assert row["verdict"] in ("meets", "misses"), (key, row["verdict"])
+        assert row["label"] in done.stdout, key  # the table shows every row
+    memory = {m["key"]: m for m in record["memory"]}
+    assert set(memory) == EXPECTED_MEMORY
+    for key, mem in memory.items():
+        assert all(positive(mem[f"{side}_peak_bytes"]) for side in SIDES), (key, mem)
+    assert not list(tmp_path.glob("deferq-bench-*")), "the scratch directory was left behind"
+
+
+@pytest.mark.slow
+def test_only_selects_workloads_and_rejects_unknown_names(tmp_path: Path) -> None:
+    done = run_bench(tmp_path, "--only", "replay")
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "results.jsonl").read_text(encoding="utf-8"))
+    assert [row["key"] for row in record["rows"]] == ["replay"]
+    bad = run_bench(tmp_path, "--only", "replay,nosuch")
+    assert bad.returncode == 2
+    assert "unknown workload nosuch" in bad.stderr
