@@ -324,28 +324,29 @@ def dead_problem(task: DeadTask) -> str | None:
     problem = task_id_problem(task.id)
     if problem is not None:
         return f"id {problem}"
-    checks: tuple[tuple[bool, str], ...] = (
-        (0 < len(task.task_class.encode("utf-8", "surrogatepass")) <= TASK_CLASS_BYTES_MAX,
-         f"task_class must be 1 to {TASK_CLASS_BYTES_MAX} bytes"),
-        (all(_utf8_ok(t) for t in (task.task_class, task.exception_class,
-                                   task.exception_message, *task.backtrace)),
-         "text fields must be encodable as UTF-8 (no lone surrogates)"),
-        (task.attempts >= 0, "attempts must be >= 0"),
-        (task.enqueued_at >= 0 and task.failed_at >= 0, "times must be >= 0"),
-        (len(task.exception_class) <= EXCEPTION_CLASS_CHARS_MAX,
-         f"exception_class must be at most {EXCEPTION_CLASS_CHARS_MAX} characters"),
-        (len(task.exception_message) <= EXCEPTION_MESSAGE_CHARS_MAX,
-         f"exception_message must be at most {EXCEPTION_MESSAGE_CHARS_MAX} characters"),
-        (len(task.backtrace) <= BACKTRACE_FRAMES_MAX,
-         f"backtrace must have at most {BACKTRACE_FRAMES_MAX} frames"),
-        (all(len(f) <= BACKTRACE_FRAME_CHARS_MAX for f in task.backtrace),
-         f"backtrace frames must be at most {BACKTRACE_FRAME_CHARS_MAX} characters"),
-        (len(task.context) <= CONTEXT_BYTES_MAX,
-         f"context must be at most {CONTEXT_BYTES_MAX} bytes"),
-    )
-    for ok, message in checks:
-        if not ok:
-            return message
+    # Checked in this order, each message built only when its check fails: every dead task
+    # read back passes through here (list and find), so the common case must stay cheap.
+    if not 0 < len(task.task_class.encode("utf-8", "surrogatepass")) <= TASK_CLASS_BYTES_MAX:
+        return f"task_class must be 1 to {TASK_CLASS_BYTES_MAX} bytes"
+    # One encode of all text fields: Python's UTF-8 codec refuses every surrogate code point,
+    # so joining strings can never turn two lone halves into something encodable.
+    if not _utf8_ok("\n".join((task.task_class, task.exception_class,
+                                task.exception_message, *task.backtrace))):
+        return "text fields must be encodable as UTF-8 (no lone surrogates)"
+    if task.attempts < 0:
+        return "attempts must be >= 0"
+    if task.enqueued_at < 0 or task.failed_at < 0:
+        return "times must be >= 0"
+    if len(task.exception_class) > EXCEPTION_CLASS_CHARS_MAX:
+        return f"exception_class must be at most {EXCEPTION_CLASS_CHARS_MAX} characters"
+    if len(task.exception_message) > EXCEPTION_MESSAGE_CHARS_MAX:
+        return f"exception_message must be at most {EXCEPTION_MESSAGE_CHARS_MAX} characters"
+    if len(task.backtrace) > BACKTRACE_FRAMES_MAX:
+        return f"backtrace must have at most {BACKTRACE_FRAMES_MAX} frames"
+    if not all(len(f) <= BACKTRACE_FRAME_CHARS_MAX for f in task.backtrace):
+        return f"backtrace frames must be at most {BACKTRACE_FRAME_CHARS_MAX} characters"
+    if len(task.context) > CONTEXT_BYTES_MAX:
+        return f"context must be at most {CONTEXT_BYTES_MAX} bytes"
     return None
 
 
@@ -392,10 +393,17 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return obj
 
 
+# One decoder for every dead-task payload: json.loads with a hook builds a new decoder per call.
+_DEAD_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+
+
 def decode_dead_payload(line: DeadLine) -> DeadTask | BadLine:
     """Decode the JSON object of a framed dead-task line (F-11, R-@G)."""
     try:
-        obj: object = json.loads(line.payload, object_pairs_hook=_unique_keys)
+        # Exactly what json.loads does with bytes that start with "{" or a UTF-8 BOM (a line that
+        # reaches here holds no NUL, R-@K): UTF-8, BOM dropped, surrogates passed on (and then
+        # refused by dead_problem's UTF-8 check or the base64 check).
+        obj: object = _DEAD_DECODER.decode(line.payload.decode("utf-8-sig", "surrogatepass"))
     except (ValueError, RecursionError):  # deeply nested JSON raises RecursionError
         return BadLine(LineFault.BAD_DEAD_PAYLOAD)
     if not isinstance(obj, dict) or tuple(obj) != DEAD_FIELDS:

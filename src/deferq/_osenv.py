@@ -20,6 +20,19 @@ from deferq._env import Cancel, FileStat, OpenFlag
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
+# The process id, refreshed in every child of os.fork() (including multiprocessing's fork start
+# method): the storage engine compares it on every operation to refuse use from a forked child
+# (W-14), and os.getpid() is a system call (~0.3 us), twice per task on the WAL's hot path.
+_pid = os.getpid()
+
+
+def _refresh_pid() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_refresh_pid)
+
 
 def os_flags(flags: OpenFlag) -> int:
     """Map ``OpenFlag`` to ``os.O_*`` bits."""
@@ -129,7 +142,7 @@ class OsEnv:
         time.sleep(seconds)
 
     def getpid(self) -> int:
-        return os.getpid()
+        return _pid
 
     def random_u32(self) -> int:
         return random.SystemRandom().getrandbits(32)

@@ -77,7 +77,8 @@ def _check_count(name: str, value: object, *, allow_none: bool) -> int | None:
 
 def _clip(text: str, limit: int) -> str:
     """Escape lone surrogates (F-12 text is UTF-8) and cut to ``limit`` characters."""
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if not text.isascii():  # ASCII (the usual case) has no surrogates to escape
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else text[: limit - len(_TRUNCATED)] + _TRUNCATED
 
 

@@ -208,3 +208,46 @@ def test_text_with_lone_surrogates_is_refused_by_the_codec_limits() -> None:
                     exception_class="E", exception_message="\ud83d\ude00",
                     backtrace=(), context=b"")
     assert dead_problem(task) == "text fields must be encodable as UTF-8 (no lone surrogates)"
+
+
+def _reference_decode_payload(line: DeadLine) -> DeadTask | BadLine:
+    """The payload decoder as first written: ``json.loads`` on the bytes, a hook per call."""
+    import json
+
+    from deferq import _format
+
+    def unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            raise ValueError("duplicate key")
+        return obj
+
+    try:
+        obj: object = json.loads(line.payload, object_pairs_hook=unique)
+    except (ValueError, RecursionError):
+        return BadLine(_format.LineFault.BAD_DEAD_PAYLOAD)
+    # From here both decoders share the field checks: feed the parsed object back as
+    # canonical JSON through the real decoder.
+    return decode_dead_payload(DeadLine(line.task_id, json.dumps(obj).encode("utf-8")))
+
+
+_PAYLOAD_PIECES = st.sampled_from([
+    b"\xef\xbb\xbf", b"{", b"}", b'"id"', b":", b",", b'"a"', b"1", b"[", b"]", b"\xed\xa0\x80",
+    b"\xc3\xa9", b"\\ud800", b" ", b'"context"', b"null", b"\xff",
+])
+
+
+@pytest.mark.spec("F-11", "R-@G")
+@given(task=dead_tasks, pieces=st.lists(_PAYLOAD_PIECES, max_size=12), cut=st.integers(0, 40),
+       prefix_bom=st.booleans())
+def test_payload_decoder_accepts_and_refuses_exactly_what_json_loads_of_the_bytes_does(
+        task: DeadTask, pieces: list[bytes], cut: int, prefix_bom: bool) -> None:
+    framed = decode_dead_line(encode_dead(task)[:-1])
+    assert isinstance(framed, DeadLine)
+    payloads = [framed.payload, b"".join(pieces),
+                framed.payload[:cut] + b"".join(pieces) + framed.payload[cut:]]
+    for payload in payloads:
+        if prefix_bom:
+            payload = b"\xef\xbb\xbf" + payload
+        line = DeadLine(framed.task_id, payload)
+        assert decode_dead_payload(line) == _reference_decode_payload(line)
