@@ -118,21 +118,30 @@ def test_power_cuts_and_kills_lose_nothing_acknowledged(workers: str, share: flo
 @pytest.mark.spec("D-1")
 def test_the_harness_catches_an_engine_that_acknowledges_before_fsync() -> None:
     """The harness is not vacuous: a WAL whose fsync does nothing must produce violations."""
+    stdout, fields = _run_broken_variant("mutant_run.py", cycles=20)
+    assert int(fields["violations"]) > 0, stdout[-3000:]
+    assert _leftovers(stdout) == []
+
+
+def _run_broken_variant(script: str, *, cycles: int) -> tuple[str, dict[str, str]]:
+    """Run a deliberately broken variant of the harness in a private mount namespace.
+
+    Returns its stdout and the fields of its summary line; skips when this machine cannot
+    mount a test filesystem.
+    """
     problem = missing_requirements()
     if problem is not None:
         pytest.skip(problem)
     src = Path(__file__).resolve().parents[2] / "src"
     result = subprocess.run(
         ["unshare", "-m", "--propagation", "private", sys.executable,
-         str(Path(__file__).with_name("mutant_run.py")), "20"],
+         str(Path(__file__).with_name(script)), str(cycles)],
         capture_output=True, text=True, timeout=300, check=False,
         env=dict(os.environ, PYTHONPATH=str(src)))
     if "MountError" in result.stderr or "unshare:" in result.stderr:
         pytest.skip(f"cannot mount a test filesystem here: {result.stderr.strip()[-300:]}")
     last = result.stdout.strip().splitlines()[-1]
-    fields = dict(item.split("=") for item in last.split()[1:])
-    assert int(fields["violations"]) > 0, result.stdout[-3000:]
-    assert _leftovers(result.stdout) == []
+    return result.stdout, dict(item.split("=") for item in last.split()[1:])
 
 
 @pytest.mark.slow
@@ -141,22 +150,10 @@ def test_the_harness_catches_an_engine_that_acknowledges_before_fsync() -> None:
 def test_the_harness_catches_a_queue_that_removes_before_the_dead_write_returned() -> None:
     """The queue checks are not vacuous: a dead-letter write that returns before it is done
     lets the queue remove a given-up task from its WAL too early (D-13)."""
-    problem = missing_requirements()
-    if problem is not None:
-        pytest.skip(problem)
-    src = Path(__file__).resolve().parents[2] / "src"
-    result = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", sys.executable,
-         str(Path(__file__).with_name("queue_mutant_run.py")), "8"],
-        capture_output=True, text=True, timeout=300, check=False,
-        env=dict(os.environ, PYTHONPATH=str(src)))
-    if "MountError" in result.stderr or "unshare:" in result.stderr:
-        pytest.skip(f"cannot mount a test filesystem here: {result.stderr.strip()[-300:]}")
-    last = result.stdout.strip().splitlines()[-1]
-    fields = dict(item.split("=") for item in last.split()[1:])
-    assert int(fields["violations"]) > 0, result.stdout[-3000:]
-    assert "VIOLATION D-13" in result.stdout, result.stdout[-3000:]
-    assert _leftovers(result.stdout) == []
+    stdout, fields = _run_broken_variant("queue_mutant_run.py", cycles=8)
+    assert int(fields["violations"]) > 0, stdout[-3000:]
+    assert "VIOLATION D-13" in stdout, stdout[-3000:]
+    assert _leftovers(stdout) == []
 
 
 def test_power_test_last_line_without_requirements_is_exit_2(monkeypatch: pytest.MonkeyPatch,
