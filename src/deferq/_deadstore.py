@@ -123,14 +123,17 @@ class DeadTaskStore:
         self._lock_fd = env.open(join(path, dead_lock_name(prefix)),
                                  OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE, FILE_MODE)
         try:
-            # Implements S-1 / D-6: create the data file without truncating it and make
-            # its name durable before any dead task can leave a WAL.
-            env.close(env.open(self._data, OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE,
-                               FILE_MODE))
-            env.fsync_dir(path)
+            self._create_data_file()
         except BaseException:
             env.close(self._lock_fd)
             raise
+
+    def _create_data_file(self) -> None:
+        """Implements S-1 / D-6: create the data file without truncating it and make its
+        name durable before any dead task can leave a WAL."""
+        self._env.close(self._env.open(self._data, OpenFlag.READ | OpenFlag.WRITE
+                                       | OpenFlag.CREATE, FILE_MODE))
+        self._env.fsync_dir(self._path)
 
     def _init_process_state(self) -> None:
         """The group-commit queue (S-14) and the per-process index (S-10), both empty."""

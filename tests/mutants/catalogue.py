@@ -180,23 +180,10 @@ class NoDirFsyncAfterRenameStore(DeadTaskStore):
 class NoDirFsyncAfterCreateStore(DeadTaskStore):
     """Creates the data file without fsyncing the directory (S-1, D-6)."""
 
-    def __init__(self, env: Env, path: str, prefix: str) -> None:
-        from deferq._format import dead_data_name, dead_lock_name, dead_tmp_name  # noqa: PLC0415
-
-        self._env = env
-        self._path = path
-        self._data = join(path, dead_data_name(prefix))
-        self._tmp = join(path, dead_tmp_name(prefix))
-        self._local = threading.Lock()
-        self._closed = False
-        self._broken = False
-        self._pid = env.getpid()
-        self._init_process_state()
-        self._lock_fd = env.open(join(path, dead_lock_name(prefix)),
-                                 OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE, FILE_MODE)
-        env.close(env.open(self._data, OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE,
-                           FILE_MODE))
-        # BUG: no env.fsync_dir(path): the data file's name is not durable.
+    def _create_data_file(self) -> None:
+        self._env.close(self._env.open(self._data, OpenFlag.READ | OpenFlag.WRITE
+                                       | OpenFlag.CREATE, FILE_MODE))
+        # BUG: no fsync_dir(self._path): the data file's name is not durable.
 
 
 class FlockDataFileStore(DeadTaskStore):
