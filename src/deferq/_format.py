@@ -16,6 +16,8 @@ import binascii
 import enum
 import json
 import zlib
+from binascii import b2a_base64
+from zlib import crc32
 from dataclasses import dataclass
 from typing import Final
 
@@ -39,6 +41,7 @@ OP_ADD: Final = b"add"
 OP_REM: Final = b"rem"
 OP_DEAD: Final = b"dead_task"
 NO_PUBLISH_AT: Final = b"0"
+_NO_PUBLISH_AT_FIELD: Final = b":" + NO_PUBLISH_AT + b":"
 SEED_DIGITS_MAX: Final = 12
 _HEX_DIGITS: Final = frozenset(b"0123456789abcdef")
 _FORBIDDEN_ID_CHARS: Final = (":", "\n", "\x00")
@@ -206,11 +209,12 @@ def encode_add(task_id: str, publish_at: int | None, context: bytes) -> bytes:
     pre: publish_at is None or publish_at > 0
     post: decode_wal_line(__return__[:-1]) == WalAdd(task_id, publish_at, context)
     """
-    # One body and one line, no intermediate concatenations; the same bytes as frame().
-    body = b"add:%b:%b:%b" % (task_id.encode("utf-8"),
-                              NO_PUBLISH_AT if publish_at is None else b"%d" % publish_at,
-                              binascii.b2a_base64(context, newline=False))
-    return b"%08x:%b\n" % (zlib.crc32(body), body)
+    # The same bytes as frame(); concatenation measured faster than %-formatting the body
+    # (the hot path of every enqueue).
+    body = (b"add:" + task_id.encode()
+            + (_NO_PUBLISH_AT_FIELD if publish_at is None else b":%d:" % publish_at)
+            + b2a_base64(context, newline=False))
+    return b"%08x:%b\n" % (crc32(body), body)
 
 
 def encode_rem(task_id: str) -> bytes:
@@ -219,8 +223,8 @@ def encode_rem(task_id: str) -> bytes:
     pre: task_id_problem(task_id) is None
     post: decode_wal_line(__return__[:-1]) == WalRem(task_id)
     """
-    body = b"rem:" + task_id.encode("utf-8")
-    return b"%08x:%b\n" % (zlib.crc32(body), body)
+    body = b"rem:" + task_id.encode()
+    return b"%08x:%b\n" % (crc32(body), body)
 
 
 def decode_wal_line(line: bytes) -> WalAdd | WalRem | BadLine:
