@@ -24,8 +24,9 @@ from deferq._limits import SEED_TICK_S
 class IdSource:
     """The id generator of one process (one ``Env``). Thread-safe.
 
-    Hot path: ``next_id`` takes no lock. ``_hot`` is one tuple (ticks, pid, the
-    id prefix ``{seed}-{pid}-``, the seed's counter), replaced whole under the
+    Hot path: ``next_id`` takes no lock. ``_hot`` is one tuple (the monotonic time
+    of the next tick, pid, the id prefix ``{seed}-{pid}-``, the seed's counter),
+    replaced whole under the
     mutex whenever the seed or the pid changes, so a reader always pairs a seed
     with that seed's own counter (``next`` on an ``itertools.count`` is atomic
     under the GIL); a reader holding a replaced tuple still draws fresh numbers
@@ -41,7 +42,8 @@ class IdSource:
         self._ticks = 0
         self._seed = 0
         self._counter: Iterator[int] = itertools.count(1)
-        self._hot: tuple[int, int, str, Iterator[int]] | None = None
+        # No pid is -1, so the first call takes the mutex.
+        self._hot: tuple[float, int, str, Iterator[int]] = (0.0, -1, "", self._counter)
 
     def _advance(self) -> int:
         """The seed now; a new seed value gets a new counter. The mutex is held."""
@@ -61,18 +63,20 @@ class IdSource:
             if seed_floor > seed:
                 self._base += seed_floor - seed
                 self._advance()
-                self._hot = None
+                self._hot = (0.0, -1, "", self._counter)
 
-    def next_id(self, pid: int) -> str:
-        """A new id, never issued before by this source."""
+    def next_id(self, pid: int, now: float) -> str:
+        """A new id, never issued before by this source; ``now`` is the Env's monotonic clock."""
         hot = self._hot
-        if (hot is not None and hot[1] == pid
-                and int((self._monotonic() - self._start_s) / SEED_TICK_S) == hot[0]):
-            return hot[2] + str(next(hot[3]))
+        if hot[1] == pid and now < hot[0]:
+            return f"{hot[2]}{next(hot[3])}"
         with self._mutex:
             seed = self._advance()
-            hot = self._hot = (self._ticks, pid, f"{seed}-{pid}-", self._counter)
-            return hot[2] + str(next(hot[3]))
+            # The hot tuple serves until the clock reaches the next tick (it may then
+            # still serve a moment, with its own seed's counter: see the class doc).
+            hot = self._hot = (self._start_s + (self._ticks + 1) * SEED_TICK_S, pid,
+                               f"{seed}-{pid}-", self._counter)
+            return f"{hot[2]}{next(hot[3])}"
 
     def current_seed(self) -> int:
         """The seed now, for the rotation marker (W-5)."""

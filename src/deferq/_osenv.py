@@ -20,6 +20,7 @@ from collections.abc import Callable
 from deferq._env import Cancel, FileStat, OpenFlag
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_monotonic: Callable[[], float] = time.monotonic
 
 # The process id, refreshed in every child of os.fork() (including multiprocessing's fork start
 # method): the storage engine compares it on every operation to refuse use from a forked child
@@ -87,8 +88,8 @@ class OsEnv:
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         return os.pread(fd, size, offset)
 
-    def write(self, fd: int, data: bytes) -> int:
-        return os.write(fd, data)
+    # The two calls of the WAL's hot path are the builtins themselves (no Python frame).
+    write: Callable[[int, bytes], int] = staticmethod(os.write)
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
@@ -137,8 +138,7 @@ class OsEnv:
     def time(self) -> float:
         return time.time()
 
-    def monotonic(self) -> float:
-        return time.monotonic()
+    monotonic = staticmethod(_monotonic)
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)

@@ -53,14 +53,15 @@ class RetryFailedFsyncWal(TasksWal):
     """Retries a failed WAL fsync; the retry "succeeds" (A-7) and the write is acknowledged."""
 
     def _sync_locked(self) -> None:
-        if not self._dirty:
+        target = self._written
+        if self._durable >= target:
             return
         try:
             self._env.fsync(self._fd)
         except OSError:
             self._env.fsync(self._fd)  # BUG: W-12 forbids the retry; the pages are gone.
-        self._dirty = False
-        self._last_sync_s = self._env.monotonic()
+        self._durable = target
+        self._sync_due_s = self._env.monotonic() + self._fsync_frequency_s
 
 
 class AdoptInPlaceWal(TasksWal):
