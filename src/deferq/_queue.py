@@ -203,7 +203,9 @@ class Queue:
         without blocking the event loop on the fsync (Q-20).
         """
         data, context, cls = self._prepare(task, args, kwargs)
-        await self._apply_backpressure()
+        bp = self.backpressure
+        if bp is not None and self._backlog > bp.high_water_mark:
+            await self._apply_backpressure()  # (tested here first: no coroutine per enqueue)
         disk = self._disk
         if disk is None or asyncio.get_running_loop() is not self._loop:
             # Not started, or awaited on another loop: the inline fsync of ``enqueue``.
@@ -388,7 +390,7 @@ class Queue:
             if not callable(perform):
                 raise TypeError(f"{cls.task_name}.perform is not callable")
             result = perform(*context.args, **context.kwargs)
-            if inspect.isawaitable(result):
+            if result is not None and inspect.isawaitable(result):
                 await result
         except Exception as exc:  # noqa: BLE001 - any failure of the task is a failed execution
             log.error("Deferred task failed with exception: %s (%s)", type(exc).__name__, exc,
