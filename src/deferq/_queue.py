@@ -155,6 +155,7 @@ class Queue:
             job.cancel()
         if leftovers:
             await asyncio.gather(*leftovers, return_exceptions=True)
+            self._work.difference_update(leftovers)  # cancelled before their first step
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
         try:
@@ -356,9 +357,10 @@ class Queue:
 
     def _spawn(self, task_id: str, context: Context, cls: type[Task], *, counted: bool) -> None:
         assert self._loop is not None
-        job = self._loop.create_task(self._run(task_id, context, cls, counted))
-        self._work.add(job)
-        job.add_done_callback(self._work.discard)
+        # The job leaves ``_work`` from its own ``finally`` (a done callback would cost a
+        # second event-loop turn per execution); ``stop`` drops the ones it cancelled
+        # before they ever ran.
+        self._work.add(self._loop.create_task(self._run(task_id, context, cls, counted)))
 
     async def _wait_then_run(self, task_id: str, context: Context, cls: type[Task],
                              publish_in: float) -> None:
@@ -368,17 +370,22 @@ class Queue:
 
     # ------------------------------------------------------------------ execution
     async def _run(self, task_id: str, context: Context, cls: type[Task], counted: bool) -> None:
-        if counted:
-            self._backlog -= 1
-        if self._state is not _State.RUNNING:
-            return  # stopping: stays in the WAL
-        self._inflight += 1
         try:
-            await self._execute(task_id, context, cls)
-        except Exception:  # noqa: BLE001 - storage errors must not kill the loop's task silently
-            log.exception("deferred task %s: storage error; it stays in the WAL", task_id)
+            if counted:
+                self._backlog -= 1
+            if self._state is not _State.RUNNING:
+                return  # stopping: stays in the WAL
+            self._inflight += 1
+            try:
+                await self._execute(task_id, context, cls)
+            except Exception:  # noqa: BLE001 - storage errors must not kill the loop's task
+                log.exception("deferred task %s: storage error; it stays in the WAL", task_id)
+            finally:
+                self._inflight -= 1
         finally:
-            self._inflight -= 1
+            job = asyncio.current_task()
+            if job is not None:
+                self._work.discard(job)
 
     async def _execute(self, task_id: str, context: Context, cls: type[Task]) -> None:
         instance: Task | None = None

@@ -510,6 +510,8 @@ def test_stop_timeout_cancels_running_tasks_which_stay_in_the_wal() -> None:
         assert LOG == [("blocking", "started")]
         assert task_id in backend.wal and backend.dead == {}
         assert queue.running == 0
+        # The cancelled execution left the work set: nothing is waited for any more.
+        await asyncio.wait_for(queue.wait_idle(), timeout=5)
 
     run(main())
 
