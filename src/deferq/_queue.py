@@ -227,6 +227,8 @@ class Queue:
 
     def _timing(self, delay: object, delay_until: object) -> tuple[int | None, int | None]:
         """(publish_at, publish_in) as in the reference: None, None for immediate."""
+        if delay is None and delay_until is None:
+            return None, None  # the common case reads no clock
         now = int(self.clock.time())
         if delay is not None:
             seconds = int(_seconds(delay, "delay"))
