@@ -17,17 +17,9 @@ import argparse
 import os
 import sys
 
-from deferq.testing._explore import (
-    BOUNDS,
-    Engine,
-    ExploreReport,
-    Mutant,
-    check_mutant,
-    decode_token,
-    explore,
-    load_catalogue,
-    replay,
-)
+from deferq.testing._crashrun import Engine
+from deferq.testing._explore import BOUNDS, ExploreReport, decode_token, explore, replay
+from deferq.testing._mutants import Mutant, check_mutant, load_catalogue
 
 _MODELS = ("weakest", "ext4_ordered", "prefix")
 _DEFAULT_MUTANTS_DIR = os.path.join("tests", "mutants")

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from deferq._cli import main
-from deferq.testing._explore import CI_BOUND, Step, Workload, explore
+from deferq.testing._explore import CI_BOUND, explore
+from deferq.testing._workloads import Step, Workload
 
 SUMMARY = re.compile(r"^crash-test: workloads=(\d+) crash_points=(\d+) states=(\d+) "
                      r"violations=(\d+) mutants_caught=(\d+)/(\d+)$")
@@ -120,7 +121,7 @@ def test_cli_replays_a_failing_case(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_workload_enumeration_is_deduplicated_and_stable() -> None:
-    from deferq.testing._explore import workloads
+    from deferq.testing._workloads import workloads
 
     counts = [len(workloads(n)) for n in (1, 2)]
     assert counts == [26, 294]

@@ -34,17 +34,10 @@ from deferq._types import DeadTask
 from deferq._wal import TasksWal
 from deferq.backends import Disk
 from deferq.testing import SimDisk, SimEnv
-from deferq.testing._explore import (
-    PATH,
-    PREFIX,
-    Engine,
-    HandoffOps,
-    Mutant,
-    Step,
-    TracingEnv,
-    Workload,
-    check_disk,
-)
+from deferq.testing._crashrun import PATH, PREFIX, Engine, HandoffOps
+from deferq.testing._mutants import Mutant, check_disk
+from deferq.testing._tracing import TracingEnv
+from deferq.testing._workloads import Step, Workload
 
 # ============================================================================ WAL mutants
 

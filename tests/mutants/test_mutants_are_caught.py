@@ -3,7 +3,7 @@
 Goal: show that the crash exploration and the interleaving scenarios detect each kind of
 storage bug they are meant to (a crash suite that passes a broken engine proves
 nothing). Method: for each entry of ``tests/mutants/catalogue.py`` run
-``deferq.testing._explore.check_mutant``: the mutant's focused workloads through the
+``deferq.testing._mutants.check_mutant``: the mutant's focused workloads through the
 bounded-exhaustive exploration (every crash point, process kill and every crash state
 of the three persistence models, CI bound), or its targeted two-thread / two-process
 scenario; it must report at least one violation, and the real engine, run on exactly
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from deferq.testing._explore import CI_BOUND, check_mutant
+from deferq.testing._explore import CI_BOUND
+from deferq.testing._mutants import check_mutant
 from tests.mutants.catalogue import MUTANTS
 
 SPEC = {

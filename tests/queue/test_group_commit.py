@@ -20,7 +20,7 @@ import deferq
 from deferq._errors import StorageBrokenError
 from deferq.backends import Disk
 from deferq.testing import FaultRule, FsyncEio, SimDisk, SimEnv
-from deferq.testing._explore import TracingEnv
+from deferq.testing._tracing import TracingEnv
 from tests.queue.helpers import DrivenClock, run
 
 REG = deferq.TaskRegistry()

@@ -23,7 +23,7 @@ from deferq._errors import StorageBrokenError, StorageClosedError
 from deferq._osenv import OsEnv
 from deferq.backends import Disk, Nil
 from deferq.testing import FaultRule, FsyncEio, SimDisk, SimEnv
-from deferq.testing._explore import TracingEnv
+from deferq.testing._tracing import TracingEnv
 
 from tests.fsenv import RecordingEnv, snapshot
 

@@ -62,7 +62,10 @@ from deferq.testing._persistence import (
 from deferq.testing._scheduler import Scheduler
 from deferq.testing._simdisk import CrashState, SimDisk
 from deferq.testing._simenv import SimEnv
-from deferq.testing._explore import Engine, ExploreReport, Mutant, Step, Workload, explore
+from deferq.testing._crashrun import Engine
+from deferq.testing._explore import ExploreReport, explore
+from deferq.testing._mutants import Mutant
+from deferq.testing._workloads import Step, Workload
 
 __all__ = [
     "MODELS",
