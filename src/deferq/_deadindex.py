@@ -249,15 +249,6 @@ class DeadIndex:
                 continue
             yield position
 
-    def read(self, env: Env, fd: int, position: int) -> DeadLine:
-        """The framed record at ``position``; ``StaleIndex`` if it is not what was indexed."""
-        start, length = self.offs[position], self.lens[position]
-        data = env.pread(fd, length, start)
-        framed = decode_dead_line(data) if len(data) == length else None
-        if not isinstance(framed, DeadLine) or framed.task_id != self.ids[position]:
-            raise StaleIndex(f"no record of {self.ids[position]!r} at offset {start}")
-        return framed
-
     def key(self, position: int) -> int:
         """Where the record at ``position`` starts: the stop point of a scan that ends there."""
         return self.offs[position]
@@ -269,6 +260,59 @@ class DeadIndex:
     def memory_items(self) -> int:
         """Indexed records plus damaged lines: what the index's memory is proportional to."""
         return len(self.offs) + len(self.damage)
+
+
+class RecordReader:
+    """The payloads of indexed records, read newest first, several per read (S-10, S-11).
+
+    A read that misses the current window fetches the wanted record together with up
+    to ``ahead - 1`` records before it, within ``READ_CHUNK_BYTES`` (never less than
+    the record itself), so a page of adjacent records costs a few reads, not one per
+    record, and memory stays bounded whatever the file's size (D-14).
+    """
+
+    def __init__(self, index: DeadIndex, env: Env, fd: int) -> None:
+        self._index = index
+        self._env = env
+        self._fd = fd
+        self._start = 0
+        self._end = 0
+        self._data = b""
+        self._view = memoryview(self._data)
+
+    def read(self, position: int, ahead: int) -> bytes:
+        """The JSON payload of the record at ``position``; ``StaleIndex`` if it is not there.
+
+        Not there means: ``decode_dead_line`` of the bytes at the indexed place is not a
+        ``DeadLine`` of the indexed id (S-10). That is decided without splitting the
+        line: the CRC matches, the body starts with ``dead_task:{id}:`` (an indexed id
+        is valid, so it holds no ``:``) and the line holds no newline.
+        """
+        index = self._index
+        start = index.offs[position]
+        end = start + index.lens[position]
+        if start < self._start or end > self._end:
+            low = index.offs[max(position - ahead + 1, 0)] if ahead > 1 else start
+            low = min(start, max(low, end - READ_CHUNK_BYTES))
+            window = self._env.pread(self._fd, end - low, low)
+            if len(window) != end - low:
+                raise StaleIndex(f"short read at offset {low}: the file shrank")
+            self._start, self._end, self._data = low, end, window
+            self._view = memoryview(window)
+        data = self._data
+        at = start - self._start  # the record is data[at:stop]
+        stop = end - self._start
+        task_id = index.ids[position]
+        prefix = _HEADER_TAIL + task_id.encode("utf-8") + b":"
+        if (not data.startswith(prefix, at + CRC_HEX_BYTES)
+                or b"%08x" % zlib.crc32(self._view[at + HEADER_BYTES:stop])
+                != data[at:at + CRC_HEX_BYTES]
+                or data.find(10, at, stop) >= 0):  # 10: LF (an int needle is a plain memchr)
+            raise StaleIndex(f"no record of {task_id!r} at offset {start}")
+        return data[at + CRC_HEX_BYTES + len(prefix):stop]
+
+
+_HEADER_TAIL = b":" + DEAD_BODY_PREFIX  # what follows the CRC in every dead-task line
 
 
 class NeedleScan:

@@ -24,7 +24,7 @@ import contextlib
 import copy
 import logging
 import threading
-from collections.abc import Iterator
+from typing import Final
 from zlib import crc32
 
 from deferq._deadindex import (
@@ -32,6 +32,7 @@ from deferq._deadindex import (
     ID_START,
     DeadIndex,
     NeedleScan,
+    RecordReader,
     StaleIndex,
     dead_line,
 )
@@ -46,6 +47,7 @@ from deferq._format import (
     dead_tmp_name,
     decode_dead_line,
     decode_dead_payload,
+    decode_dead_record,
     encode_dead,
 )
 from deferq._io import join, lines_backward, repair_tail, write_all
@@ -85,6 +87,9 @@ def ancestors(path: str) -> list[str]:
         if path in ("/", "."):
             return out
 
+
+_APPEND: Final = OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND  # computed once: enum | costs
+_APPEND_CREATE: Final = _APPEND | OpenFlag.CREATE
 
 # The lock file holds no data; its size says whether a compaction's rename may not be
 # durable yet (S-9): 0 = settled, COMPACTION_MARK_BYTES = a rename is in flight.
@@ -137,18 +142,29 @@ class DeadTaskStore:
 
     def _init_process_state(self) -> None:
         """The group-commit queue (S-14) and the per-process index (S-10), both empty."""
-        self._cond = threading.Condition(threading.Lock())
+        # The condition's lock, taken directly where no wait or notify is needed: holding it
+        # is holding the condition, and Condition.__enter__ is a Python-level call.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._queue: list[_AddRequest] = []
         self._leading = False
+        self._waiting = 0  # threads inside cond.wait() (S-14): notify only when some are
         self._index: DeadIndex | None = None
         # Bytes read by scans since the index was last dropped (S-11's build rule).
         self._cold_bytes = 0
 
     # ------------------------------------------------------------------ locking
 
-    @contextlib.contextmanager
-    def _locked(self, operation: str) -> Iterator[None]:
-        """Implements L-1..L-3: both locks, non-blocking, bounded retries."""
+    def _locked(self, operation: str) -> contextlib.AbstractContextManager[None]:
+        """Implements L-1..L-3: both locks, non-blocking, bounded retries.
+
+        Taken on ``__enter__`` by ``_Held`` (a plain context manager: a generator-based
+        one costs a few microseconds more per dead-task call).
+        """
+        return _Held(self, operation)
+
+    def _acquire(self, operation: str) -> None:
+        """Take the process-local mutex and the flock in one bounded retry loop (L-1..L-3)."""
         self._check_usable()
         env = self._env
         for attempt in range(1, LOCK_ATTEMPTS_MAX + 1):
@@ -159,18 +175,18 @@ class DeadTaskStore:
                     self._local.release()
                     raise
                 if taken:
-                    break
+                    return
                 self._local.release()
             if attempt == LOCK_ATTEMPTS_MAX:
                 raise DeadTasksLockTimeout(f"Could not lock the dead tasks store to {operation} it")
             env.sleep(lock_sleep_s(attempt))
+
+    def _release(self) -> None:
+        """Implements L-4: release both locks, the mutex even if the unlock fails."""
         try:
-            yield
+            self._env.flock_unlock(self._lock_fd)
         finally:
-            try:
-                env.flock_unlock(self._lock_fd)
-            finally:
-                self._local.release()
+            self._local.release()
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -240,12 +256,16 @@ class DeadTaskStore:
         """
         request = _AddRequest(encode_dead(task))  # Implements S-4: serialize before locking.
         cond = self._cond
-        with cond:
+        with self._mutex:
             self._queue.append(request)
             # Implements S-14: one thread of this process at a time tries to take the locks
             # for the queued lines (the leader); the others wait for its outcome.
             while not request.finished and self._leading:
-                cond.wait()
+                self._waiting += 1
+                try:
+                    cond.wait()
+                finally:
+                    self._waiting -= 1
             lead = not request.finished
             if lead:
                 self._leading = True
@@ -253,9 +273,10 @@ class DeadTaskStore:
             try:
                 self._lead_adds()
             finally:
-                with cond:
+                with self._mutex:
                     self._leading = False
-                    cond.notify_all()
+                    if self._waiting:  # a notify costs microseconds; nobody may be waiting
+                        cond.notify_all()
         error = request.error
         if error is not None:
             if request.committer == threading.get_ident():
@@ -274,14 +295,16 @@ class DeadTaskStore:
         queued fails with that error, none of it written; the exception propagates.
         """
         cond = self._cond
+        mutex = self._mutex
+        me = threading.get_ident()
         try:
             with self._locked("add a task to"):
                 for _ in range(GROUP_COMMIT_ROUNDS_MAX):
-                    with cond:
+                    with mutex:
                         batch, self._queue = self._queue, []
                         for queued in batch:
                             queued.claimed = True
-                            queued.committer = threading.get_ident()
+                            queued.committer = me
                     if not batch:
                         break
                     error: BaseException | None = None
@@ -289,19 +312,20 @@ class DeadTaskStore:
                         self._append_batch([queued.line for queued in batch])
                     except BaseException as exc:  # every caller of the batch gets it (S-14)
                         error = exc
-                    with cond:
+                    with mutex:
                         for queued in batch:
                             queued.error = error
                             queued.finished = True
-                        cond.notify_all()
+                        if self._waiting:
+                            cond.notify_all()
                     if error is not None:
                         break
         except BaseException as exc:
-            with cond:
+            with mutex:
                 left, self._queue = self._queue, []
                 for queued in left:  # L-3, D-8: withdrawn, nothing of them was written
                     queued.error = exc
-                    queued.committer = threading.get_ident()
+                    queued.committer = me
                     queued.finished = True
                 cond.notify_all()
             raise
@@ -310,12 +334,11 @@ class DeadTaskStore:
         """One write and one fsync for every line of a group (S-4, S-14), under the locks."""
         env = self._env
         self._settle_compaction()
-        fd = self._open_data(OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND)
+        fd = self._open_data(_APPEND)
         created = fd is None
         if fd is None:
             # S-1: someone removed the data file; recreate it and make its name durable.
-            fd = env.open(self._data, OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND
-                          | OpenFlag.CREATE, FILE_MODE)
+            fd = env.open(self._data, _APPEND_CREATE, FILE_MODE)
         try:
             index = None if self._index is None else self._checked_index(fd, env.fstat(fd))
             self._append_durably(fd, lines[0] if len(lines) == 1 else b"".join(lines))
@@ -342,7 +365,11 @@ class DeadTaskStore:
         env = self._env
         size = repair_tail(env, fd)
         try:
-            write_all(env, fd, line)
+            written = env.write(fd, line)  # A-6: one write nearly always takes it all
+            if written != len(line):
+                if written <= 0:
+                    raise OSError(f"write returned {written} with {len(line)} bytes left")
+                write_all(env, fd, line[written:])
         except OSError:
             self._cut_back(fd, size)
             raise
@@ -414,8 +441,11 @@ class DeadTaskStore:
         out: list[DeadTask] = []
         undecodable: list[str] = []
         stop = 0  # a scan that does not fill the page reads the whole file
+        reader = RecordReader(index, self._env, fd)
+        everything = len(index.offs)
         for position in index.newest(offset):
-            task = decode_dead_payload(index.read(self._env, fd, position))
+            task = decode_dead_record(index.ids[position], reader.read(
+                position, everything if limit is None else limit - len(out)))
             if isinstance(task, BadLine):
                 undecodable.append(index.ids[position])
             else:
@@ -434,7 +464,7 @@ class DeadTaskStore:
         env = self._env
         needle = _needle(task_id)
         position = index.latest.get(task_id)
-        framed = None if position is None else index.read(env, fd, position)
+        payload = None if position is None else RecordReader(index, env, fd).read(position, 1)
         corrupt = 0
         if index.end < size <= index.end + LINE_BYTES_MAX:
             corrupt += needle in env.pread(fd, size - index.end, index.end)
@@ -442,7 +472,7 @@ class DeadTaskStore:
             if damage.readable and damage.length >= len(needle):
                 if needle in env.pread(fd, damage.length, damage.start):
                     corrupt += damage.faults
-        found = None if framed is None else decode_dead_payload(framed)
+        found = None if payload is None else decode_dead_record(task_id, payload)
         self._report(corrupt, [task_id] if isinstance(found, BadLine) else [])
         return found if isinstance(found, DeadTask) else None
 
@@ -645,6 +675,22 @@ class DeadTaskStore:
             self._closed = True
             self._index = None
             self._env.close(self._lock_fd)
+
+
+class _Held:
+    """The locks of one dead-task operation, held between ``__enter__`` and ``__exit__``."""
+
+    __slots__ = ("_operation", "_store")
+
+    def __init__(self, store: DeadTaskStore, operation: str) -> None:
+        self._store = store
+        self._operation = operation
+
+    def __enter__(self) -> None:
+        self._store._acquire(self._operation)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._store._release()
 
 
 class _Batches:

@@ -28,7 +28,13 @@ from hypothesis import strategies as st
 from deferq import _deadindex
 from deferq._deadindex import DeadIndex, NeedleScan, dead_line, fast_dead_id
 from deferq._env import FileStat, OpenFlag
-from deferq._format import BadLine, decode_dead_line, decode_dead_payload, encode_dead, frame
+from deferq._format import (
+    BadLine,
+    _decode_dead_exact,
+    decode_dead_line,
+    encode_dead,
+    frame,
+)
 from deferq._recovery import BackwardLines, RawLine
 from deferq._types import DeadTask
 from deferq.backends import Disk
@@ -69,7 +75,7 @@ def reference_list(data: bytes, offset: int, limit: int | None) -> Outcome:
         if offset:
             offset -= 1
             continue
-        task = decode_dead_payload(framed)
+        task = _decode_dead_exact(framed)  # the decoder before its fast path
         if isinstance(task, BadLine):
             out.undecodable.append(framed.task_id)
         else:
@@ -90,7 +96,7 @@ def reference_find(data: bytes, task_id: str) -> Outcome:
         out.corrupt += faults
         if framed is None or framed.task_id != task_id:
             continue
-        task = decode_dead_payload(framed)
+        task = _decode_dead_exact(framed)  # the decoder before its fast path
         if isinstance(task, BadLine):
             out.undecodable.append(task_id)
         else:
