@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 class OpenFlag(enum.Flag):
@@ -31,9 +30,12 @@ class OpenFlag(enum.Flag):
     TRUNCATE = enum.auto()  # O_TRUNC
 
 
-@dataclass(frozen=True, slots=True)
-class FileStat:
-    """What the engine needs of ``fstat``: identity, size and link count."""
+class FileStat(NamedTuple):
+    """What the engine needs of ``fstat``: identity, size and link count.
+
+    A named tuple (immutable, compared by value) rather than a frozen dataclass: it is
+    built on every fstat, twice per dead-task add, at a third of the cost.
+    """
 
     device: int
     inode: int

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import functools
 import os
 import random
 import threading
@@ -20,6 +19,7 @@ from collections.abc import Callable
 from deferq._env import Cancel, FileStat, OpenFlag
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_OS_BITS: dict[int, int] = {}  # OpenFlag value -> os.O_* bits
 _monotonic: Callable[[], float] = time.monotonic
 
 # The process id, refreshed in every child of os.fork() (including multiprocessing's fork start
@@ -36,9 +36,8 @@ def _refresh_pid() -> None:
 os.register_at_fork(after_in_child=_refresh_pid)
 
 
-@functools.cache
 def os_flags(flags: OpenFlag) -> int:
-    """Map ``OpenFlag`` to ``os.O_*`` bits (cached: enum flag tests cost ~10 us per open)."""
+    """Map ``OpenFlag`` to ``os.O_*`` bits (``OsEnv.open`` caches it: flag tests cost ~10 us)."""
     if OpenFlag.WRITE in flags:
         bits = os.O_RDWR if OpenFlag.READ in flags else os.O_WRONLY
     else:
@@ -83,7 +82,10 @@ class OsEnv:
     """The operating system as an ``Env``."""
 
     def open(self, path: str, flags: OpenFlag, mode: int = 0o600) -> int:
-        return os.open(path, os_flags(flags), mode)
+        bits = _OS_BITS.get(flags._value_)  # an int key: hashing the Flag is a Python call
+        if bits is None:
+            bits = _OS_BITS[flags._value_] = os_flags(flags)
+        return os.open(path, bits, mode)
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         return os.pread(fd, size, offset)

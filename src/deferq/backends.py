@@ -15,7 +15,6 @@ callers wait for durability in a worker thread, sharing fsyncs.
 from __future__ import annotations
 
 import os
-import traceback
 from collections.abc import Iterable
 from types import TracebackType
 
@@ -37,7 +36,7 @@ from deferq._limits import (
 from deferq._errors import LimitExceededError
 from deferq._options import check_fsync_frequency, check_path, check_prefix
 from deferq._osenv import OS_ENV
-from deferq._types import DeadTask, PendingTask
+from deferq._types import DeadTask, PendingTask, dead_task_of
 from deferq._wal import TasksWal
 
 __all__ = ["Disk", "Nil"]
@@ -92,10 +91,20 @@ def exception_class_name(exception: BaseException) -> str:
 
 def exception_backtrace(exception: BaseException) -> tuple[str, ...]:
     """The frames nearest the raise, outermost first, at most BACKTRACE_FRAMES_MAX (F-10)."""
-    # walk_tb, not extract_tb: no source-line lookups, about 10x cheaper per frame.
-    frames = list(traceback.walk_tb(exception.__traceback__))[-BACKTRACE_FRAMES_MAX:]
-    return tuple(_clip(f"{frame.f_code.co_filename}:{lineno}:in {frame.f_code.co_name}",
-                       BACKTRACE_FRAME_CHARS_MAX) for frame, lineno in frames)
+    # The traceback chain walked by hand (what traceback.walk_tb yields, without its
+    # generator; no source-line lookups as extract_tb does): part of every give-up.
+    links = []
+    tb = exception.__traceback__
+    while tb is not None:
+        links.append(tb)
+        tb = tb.tb_next
+    frames = []
+    for tb in links[-BACKTRACE_FRAMES_MAX:]:
+        code = tb.tb_frame.f_code
+        text = f"{code.co_filename}:{tb.tb_lineno}:in {code.co_name}"
+        frames.append(text if len(text) <= BACKTRACE_FRAME_CHARS_MAX and text.isascii()
+                      else _clip(text, BACKTRACE_FRAME_CHARS_MAX))
+    return tuple(frames)
 
 
 class Disk:
@@ -215,17 +224,11 @@ class Disk:
             raise LimitExceededError(f"task_class must be at most {TASK_CLASS_BYTES_MAX} bytes")
         count = _check_count("attempts", attempts, allow_none=False)
         assert count is not None
-        task = DeadTask(
-            id=tid,
-            task_class=task_class,
-            attempts=count,
-            enqueued_at=id_seed(tid),
-            failed_at=int(self._env.time()),
-            exception_class=exception_class_name(exception),
-            exception_message=_clip(_safe_str(exception), EXCEPTION_MESSAGE_CHARS_MAX),
-            backtrace=exception_backtrace(exception),
-            context=data,
-        )
+        task = dead_task_of(  # DeadTask(id=tid, task_class=task_class, ...), cheaper (F-10)
+            tid, task_class, count, id_seed(tid), int(self._env.time()),
+            exception_class_name(exception),
+            _clip(_safe_str(exception), EXCEPTION_MESSAGE_CHARS_MAX),
+            exception_backtrace(exception), data)
         problem = dead_problem(task)
         if problem is not None:
             raise ValueError(f"dead task {tid!r} cannot be stored: {problem}")

@@ -63,7 +63,7 @@ class SameInodeEnv(RecordingEnv):
     """Reports inode 7 for every file and a fixed ctime: inode reuse within one tick."""
 
     def fstat(self, fd: int) -> FileStat:
-        return replace(super().fstat(fd), inode=7, ctime_ns=1)
+        return super().fstat(fd)._replace(inode=7, ctime_ns=1)
 
 
 # ----------------------------------------------------------------------------- S-10
