@@ -10,6 +10,14 @@ zero-filled holes in front of records, empty lines, CRC-valid records whose body
 rule of F-5/F-6/F-7, bit flips), an optional torn tail, and cuts each file into chunks at
 arbitrary offsets; both replays read the same files in the same order. Over-long lines
 (R-@E) are checked by dedicated examples, since they need more than 8 MiB each.
+
+The fast path checks and applies whole chunks at once when every line of a chunk is valid
+(W-16), so a second strategy draws mostly valid files (every padding length, ids with '=',
+'-', '+', '/' or non-ASCII bytes, the longest ids and publish times) with at most a few
+lines that are damage built to pass as many of the chunk checks as possible: CRC-valid
+lines with a ':' moved between fields of two lines, wrong ops that start like "add" or
+"rem", non-canonical padding, over-long fields by one byte. A counting subclass shows the
+chunk path is really taken on valid chunks and left on damaged ones.
 """
 
 from __future__ import annotations
@@ -99,6 +107,66 @@ def wal_file(draw: st.DrawFn) -> tuple[bytes, list[int]]:
     return content, sorted(set(cuts))
 
 
+# Ids valid per F-5 that stress the chunk checks: bytes outside the base64 alphabet, '=',
+# non-ASCII, the longest allowed, seeds of every length.
+TRICKY_IDS = st.one_of(
+    IDS,
+    st.sampled_from(["a=b", "==", "x-=-y", "+/", "a b", "\r", "é=", "12-=", "0-0", "007-x",
+                     "123456789012-1", "1234567890123-1", "1" * TASK_ID_BYTES_MAX,
+                     "é" * (TASK_ID_BYTES_MAX // 2), "9" * 12, "-1"]),
+)
+# Contexts of 0 to 9 bytes give every padding (none, "=", "==") and both quantum ends.
+CONTEXTS = st.binary(max_size=9)
+# CRC-valid bodies that are damage (R-@D) but look almost right to whole-chunk checks.
+NEAR_MISS = [
+    b"add:12345:AAAA", b"add:7:0:5:AAAA",  # one ':' moved from one line to the next
+    b"add:k:0:AA:A", b"add:k::AAAA", b"add::0:AAAA", b"rem:", b"rem:a:", b"rem:a:b:c",
+    b"arm:k:0:", b"adx:k:0:", b"rom:k", b"rex:k", b"addd:k:0:", b"a", b"r", b"add",
+    b"add:k:0:AB==", b"add:k:0:ABC=", b"add:k:0:A===", b"add:k:0:====", b"add:k:0:AA=A",
+    b"add:k:0:AAA==AAA", b"add:k:0:AA==AAAA", b"add:k:0:AAAAA", b"add:k:0:AA",
+    b"add:k:00:", b"add:k:01:", b"add:k:0x1:", b"add:k:" + b"1" * 21 + b":",
+    b"add:k:-1:", b"add:k: 1:", b"add:k:\xd9\xa1:", b"add:k:0:AAA\xff",
+    b"add:" + b"i" * (TASK_ID_BYTES_MAX + 1) + b":0:", b"rem:" + b"i" * (TASK_ID_BYTES_MAX + 1),
+    b"add:\xff:0:", b"rem:\xc3", b"rem:\xed\xa0\x80", b"add:a\rb:0:AAAA=",
+]
+NEAR_MISS_BODIES = st.sampled_from(NEAR_MISS)
+
+
+@st.composite
+def valid_record(draw: st.DrawFn) -> bytes:
+    task_id = draw(TRICKY_IDS)
+    if draw(st.booleans()):
+        return encode_add(task_id, draw(st.one_of(PUBLISH, st.just(10 ** 20 - 1))), draw(CONTEXTS))
+    return encode_rem(task_id)
+
+
+@st.composite
+def near_miss_record(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["body", "body", "body", "crc", "header", "record"]))
+    if kind == "body":
+        return frame(draw(NEAR_MISS_BODIES))
+    line = draw(valid_record())
+    if kind == "crc":  # a valid body under the CRC of another body (R-@C)
+        return frame(b"rem:other")[:9] + line[9:]
+    if kind == "header":  # the right CRC value, spelled wrong (R-@B)
+        return line[:8].upper() + line[8:] if line[:8] != line[:8].upper() else b"x" + line[1:]
+    return draw(record())
+
+
+@st.composite
+def mostly_valid_file(draw: st.DrawFn) -> tuple[bytes, list[int]]:
+    """A file of valid records with at most a few near misses; chunks cut anywhere."""
+    lines = draw(st.lists(valid_record(), min_size=1, max_size=40))
+    for _ in range(draw(st.integers(0, 2))):
+        lines.insert(draw(st.integers(0, len(lines))), draw(near_miss_record()))
+    content = b"".join(lines)
+    if draw(st.booleans()):
+        cuts = list(range(draw(st.integers(1, 64)), len(content), draw(st.integers(8, 400))))
+    else:
+        cuts = draw(st.lists(st.integers(0, len(content)), max_size=4))
+    return content, sorted(set(cuts))
+
+
 def chunks(content: bytes, cuts: list[int]) -> list[bytes]:
     edges = [0, *cuts, len(content)]
     return [content[a:b] for a, b in zip(edges, edges[1:]) if b > a]
@@ -123,6 +191,60 @@ def assert_same_outcome(files: list[tuple[bytes, list[int]]]) -> None:
 def test_the_fast_path_replays_any_files_exactly_like_the_strict_replay(
         files: list[tuple[bytes, list[int]]]) -> None:
     assert_same_outcome(files)
+
+
+@pytest.mark.spec("W-16", "R-@A", "R-@B", "R-@C", "R-@D", "R-@I", "R-@J", "W-5",
+                  "F-5", "F-6", "F-7")
+@settings(max_examples=800, deadline=None)
+@given(st.lists(mostly_valid_file(), min_size=1, max_size=2))
+def test_whole_chunk_checks_accept_exactly_the_valid_chunks(
+        files: list[tuple[bytes, list[int]]]) -> None:
+    assert_same_outcome(files)
+
+
+class CountingReplay(FastWalReplay):
+    """Counts the lines that went through the per-line loop instead of the chunk path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.per_line = 0
+
+    def _apply_lines(self, lines: list[bytes], clean: bool) -> None:
+        self.per_line += len(lines)
+        super()._apply_lines(lines, clean)
+
+
+@pytest.mark.spec("W-16")
+def test_valid_chunks_take_the_chunk_path_and_damaged_ones_leave_it() -> None:
+    adds = [encode_add(f"1790000000-42-{i}", None if i % 3 else i + 1, b"c" * (i % 7))
+            for i in range(300)]  # contexts of 0 to 6 bytes: every padding
+    removes = [encode_rem(f"1790000000-42-{i}") for i in range(0, 300, 2)]
+    valid = b"".join(adds + removes + [encode_add("é=-+/", 5, b""), encode_rem("nope")])
+    replay = CountingReplay()
+    replay.apply_file([valid])
+    assert replay.per_line == 0
+    damaged = valid + frame(b"add:12345:AAAA") + frame(b"add:7:0:5:AAAA")
+    replay = CountingReplay()
+    replay.apply_file([damaged])
+    assert replay.per_line == valid.count(b"\n") + 2
+    assert_same_outcome([(damaged, [])])
+
+
+@pytest.mark.spec("W-16", "R-@D", "F-5", "F-6", "F-7")
+@pytest.mark.parametrize("neighbour", ["ascii-2", "é-2"])  # a non-ASCII id changes the id checks
+@pytest.mark.parametrize("body", NEAR_MISS)
+def test_each_near_miss_inside_a_valid_chunk_is_damage_like_in_the_strict_replay(
+        body: bytes, neighbour: str) -> None:
+    before = (encode_add("1790000000-42-1", None, b"ctx") + encode_rem("a=b")
+              + encode_add("k", 7, b""))
+    after = (encode_rem("k") + encode_add(neighbour, 1, b"xy")
+             + encode_add("1790000001-42-3", None, b""))
+    content = before + frame(body) + after
+    assert_same_outcome([(content, [])])
+    assert_same_outcome([(content, [len(before) // 2, len(before) + 3])])
+    replay = CountingReplay()
+    replay.apply_file([content])
+    assert replay.per_line == content.count(b"\n")  # the chunk path refused the whole chunk
 
 
 @pytest.mark.spec("W-16", "R-@E", "R-@F")
