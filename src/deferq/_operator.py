@@ -142,10 +142,10 @@ def scan_pending(env: Env, path: str, prefix: str) -> list[WalFileScan]:
         finally:
             env.close(fd)
         scan = WalFileScan(name, corrupt_lines=replay.corrupt)
-        for task_id, live in replay.live.items():
-            record = decode_wal_line(live.line[:-1])
+        for task_id, line in replay.live.items():
+            record = decode_wal_line(line[:-1])
             assert isinstance(record, WalAdd)
-            scan.pending.append(PendingTask(task_id, record.context, live.publish_at))
+            scan.pending.append(PendingTask(task_id, record.context, record.publish_at))
         out.append(scan)
     return out
 

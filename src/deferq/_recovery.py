@@ -19,13 +19,14 @@ import sys
 import zlib
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import getitem, itemgetter
-from typing import Final, NamedTuple, cast
+from operator import itemgetter
+from typing import Final
 
 from deferq._format import (
+    NO_PUBLISH_AT,
     SEED_DIGITS_MAX,
     BadLine,
     LineFault,
@@ -52,10 +53,7 @@ _SELECT_ADD: Final = bytes(1 if c == 0x61 else 0 for c in range(256))  # transla
 _SELECT_REM: Final = bytes(1 if c == 0x72 else 0 for c in range(256))  # translate: 'r' -> 1
 _CRC_TYPE: Final = next(t for t in "IL" if array(t).itemsize == 4)  # 32-bit unsigned items
 _PUBLISH_AT_DIGITS_MAX: Final = 20  # F-6, as in _format._decode_publish_at
-_NO_PUBLISH_AT: Final = {0: None}
 _REM_CRC: Final = zlib.crc32(b"rem:")  # a rem body is "rem:" and the id (F-7)
-# line[start:end] as a function of (line, slice), for map()
-_cut: Final = cast("Callable[[bytes, slice[int, int, None]], bytes]", getitem)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,21 +257,24 @@ def tail_cut(chunk: bytes, chunk_offset: int) -> int | None:
     return None if index < 0 else chunk_offset + index + 1
 
 
-class LiveTask(NamedTuple):
-    """A pending task during replay: its publish time and its ``add`` line (newline included).
+def live_fields(line: bytes) -> tuple[int | None, bytes]:
+    """(publish_at, context) of a pending task's ``add`` line, newline included (F-6).
 
-    A named tuple, so ``FastWalReplay.result`` can build many of them without a Python call each.
+    A replay and the WAL keep each pending task as its line alone (no object per task:
+    less memory, and nothing to build on the enqueue path); the line was checked when it
+    was written or replayed, so only its fields are split here.
+
+    pre: decode_wal_line(line[:-1]).__class__ is WalAdd
     """
-
-    publish_at: int | None
-    line: bytes
+    _, _, _, when, payload = line[:-1].split(b":", 4)
+    return (None if when == NO_PUBLISH_AT else int(when)), binascii.a2b_base64(payload)
 
 
 @dataclass(slots=True)
 class WalReplay:
     """Applies WAL lines in order to the set of pending tasks (R-@A..R-@F, R-@I, R-@J)."""
 
-    live: dict[str, LiveTask] = field(default_factory=dict)
+    live: dict[str, bytes] = field(default_factory=dict)  # id -> its add line (see live_fields)
     faults: dict[LineFault, int] = field(default_factory=dict)
     seed_max: int = 0
     records: int = 0
@@ -292,7 +293,7 @@ class WalReplay:
         self.records += 1
         self.seed_max = max(self.seed_max, id_seed(record.task_id))
         if isinstance(record, WalAdd):
-            self.live[record.task_id] = LiveTask(record.publish_at, data + b"\n")
+            self.live[record.task_id] = data + b"\n"
         else:
             assert isinstance(record, WalRem)
             self.live.pop(record.task_id, None)
@@ -331,8 +332,8 @@ class FastWalReplay:
     applied directly, any other line goes through ``line_body`` and
     ``decode_wal_line`` exactly as in ``WalReplay.apply``. Pending records are
     kept in a dict keyed by the id's UTF-8 bytes holding the line as read; only
-    the records still pending at the end are decoded into ``LiveTask`` values
-    (``result``), so memory beyond the live lines is one chunk and one partial
+    the records still pending at the end get their ids decoded and their
+    newline back (``result``), so memory beyond the live lines is one chunk and one partial
     line (D-14). ``tests/property/test_replay_fast_path.py`` checks the outcome
     equals ``WalReplay``'s on arbitrary damaged input and chunking.
     """
@@ -568,19 +569,12 @@ class FastWalReplay:
         keys = list(fast)
         lines = list(fast.values())
         fast.clear()
-        live: dict[str, LiveTask] = {}
+        live: dict[str, bytes] = {}
         for start in range(0, len(lines), _RESULT_BATCH):
             batch = lines[start:start + _RESULT_BATCH]
             lines[start:start + _RESULT_BATCH] = repeat(b"", len(batch))
-            batch_keys = keys[start:start + _RESULT_BATCH]
-            # Every line is a valid add line "{crc}:add:{id}:{publish_at}:{context}" (F-6):
-            # its publish_at starts 14 bytes after the id's length and ends at the next ':'.
-            starts = list(map((14).__add__, map(len, batch_keys)))
-            when = list(map(int, map(_cut, batch, map(slice, starts, map(
-                bytes.find, batch, repeat(b":"), starts)))))
-            tasks = map(tuple.__new__, repeat(LiveTask), zip(
-                map(_NO_PUBLISH_AT.get, when, when), map(bytes.__add__, batch, repeat(b"\n"))))
-            live.update(zip(map(bytes.decode, batch_keys), tasks))
+            live.update(zip(map(bytes.decode, keys[start:start + _RESULT_BATCH]),
+                            map(bytes.__add__, batch, repeat(b"\n"))))
         return WalReplay(live, dict(self._faults), self._seed_max, self._records)
 
 

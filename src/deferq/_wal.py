@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import enum
 import logging
-from binascii import a2b_base64
 import threading
 from typing import Final
 
@@ -56,7 +55,7 @@ from deferq._limits import (
     WAL_SIZE_LIMIT_BYTES,
     WRITE_BATCH_BYTES,
 )
-from deferq._recovery import FastWalReplay, LiveTask, WalReplay
+from deferq._recovery import FastWalReplay, WalReplay, live_fields
 from deferq._types import PendingTask
 
 log = logging.getLogger("deferq")
@@ -113,7 +112,7 @@ class TasksWal:
         except BaseException:
             self._close_fds([fd for _, fd in claimed])
             raise
-        self._live: dict[str, LiveTask] = replay.live
+        self._live: dict[str, bytes] = replay.live  # id -> add line, newline included
         self.corrupt_records = replay.corrupt
         if replay.corrupt:
             log.warning("Detected %d corrupted deferred task record(s) in %s", replay.corrupt,
@@ -232,9 +231,9 @@ class TasksWal:
             write_all(env, fd, encode_rem(f"{self._ids.current_seed()}-{self._pid}-0"))
             batch: list[bytes] = []
             batch_bytes = 0
-            for task in self._live.values():
-                batch.append(task.line)
-                batch_bytes += len(task.line)
+            for line in self._live.values():
+                batch.append(line)
+                batch_bytes += len(line)
                 if batch_bytes >= WRITE_BATCH_BYTES:
                     write_all(env, fd, b"".join(batch))
                     batch, batch_bytes = [], 0
@@ -314,7 +313,7 @@ class TasksWal:
             self._size += size
             self._written += 1
             # Implements W-7 and R-@J: a re-added id replaces the task, keeping its position.
-            self._live[task_id] = LiveTask(publish_at, line)
+            self._live[task_id] = line
             # Implements W-8: f = 0, or an fsync is due (and none is in flight).
             if sync and (self._fsync_frequency_s == 0
                          or (now >= self._sync_due_s and not self._syncing)):
@@ -370,9 +369,9 @@ class TasksWal:
             self._check_usable()
             # Every live line was checked (CRC and fields) when it was written or replayed,
             # so only its payload field is decoded here; check_invariants re-checks it all.
-            return [PendingTask(task_id, a2b_base64(task.line[:-1].split(b":", 4)[4]),
-                                task.publish_at)
-                    for task_id, task in self._live.items()]
+            return [PendingTask(task_id, context, publish_at)
+                    for task_id, (publish_at, context)
+                    in zip(self._live, map(live_fields, self._live.values()))]
 
     def sync(self) -> None:
         """fsync now if anything was written since the last fsync (W-8)."""
@@ -438,10 +437,9 @@ class TasksWal:
             if self._state is WalState.CLOSED:
                 return
             assert self._size >= 0 and self._limit >= WAL_SIZE_LIMIT_BYTES
-            for task_id, task in self._live.items():
-                record = decode_wal_line(task.line[:-1])
+            for task_id, line in self._live.items():
+                record = decode_wal_line(line[:-1])
                 assert isinstance(record, WalAdd) and record.task_id == task_id
-                assert record.publish_at == task.publish_at
 
     # ------------------------------------------------------------------ internals
 

@@ -73,7 +73,7 @@ class AdoptInPlaceWal(TasksWal):
         try:
             repair_tail(env, fd)
             if orphans:
-                write_all(env, fd, b"".join(task.line for task in self._live.values()))
+                write_all(env, fd, b"".join(self._live.values()))
             env.fsync(fd)  # BUG: W-3 forbids trusting this fsync for the adopted records.
             env.fsync_dir(self._path)
         except BaseException:
@@ -93,7 +93,7 @@ class UnlinkBeforeSyncedCopyWal(TasksWal):
         except OSError:
             self._limit = int(self._size * WAL_SIZE_INCREASE_RATIO)
             return
-        write_all(env, fd, b"".join(task.line for task in self._live.values()))
+        write_all(env, fd, b"".join(self._live.values()))
         old_name, old_fd = self._name, self._fd
         self._name, self._fd = name, fd
         self._size = env.fstat(fd).size

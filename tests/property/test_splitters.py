@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deferq._format import LineFault, encode_add, encode_rem, id_seed
-from deferq._recovery import BackwardLines, ForwardLines, RawLine, WalReplay
+from deferq._recovery import BackwardLines, ForwardLines, RawLine, WalReplay, live_fields
 
 files = st.one_of(
     st.binary(max_size=64),
@@ -141,8 +141,8 @@ def test_every_prefix_of_a_log_replays_to_a_prefix_of_its_records(
         for raw in forward(chunks, 1 << 20):
             state.apply(raw)
         expected = model_state(log_ops[:complete])
-        got = [(task_id, live.publish_at, live.line) for task_id, live in state.live.items()]
-        assert got == [(t, p, encode_add(t, p, c)) for t, p, c in expected]
+        got = [(task_id, live_fields(line), line) for task_id, line in state.live.items()]
+        assert got == [(t, (p, c), encode_add(t, p, c)) for t, p, c in expected]
         assert state.records == complete
         torn = len(data) > (ends[complete - 1] if complete else 0)
         assert state.faults == ({LineFault.TORN_TAIL: 1} if torn else {})

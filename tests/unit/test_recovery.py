@@ -17,9 +17,9 @@ from deferq._recovery import (
     RECOVERY_TABLE,
     BackwardLines,
     ForwardLines,
-    LiveTask,
     RawLine,
     WalReplay,
+    live_fields,
     tail_cut,
 )
 from deferq._types import DeadTask
@@ -66,7 +66,7 @@ def replay(data: bytes) -> WalReplay:
 
 
 def pending(state: WalReplay) -> list[tuple[str, int | None]]:
-    return [(task_id, live.publish_at) for task_id, live in state.live.items()]
+    return [(task_id, live_fields(line)[0]) for task_id, line in state.live.items()]
 
 
 # ----------------------------------------------------------------------------- splitters
@@ -185,7 +185,8 @@ def test_replay_applies_valid_add_and_rem_records_in_order() -> None:
     data = encode_add("a", None, b"1") + encode_add("b", 5, b"2") + encode_rem("a")
     state = replay(data)
     assert pending(state) == [("b", 5)]
-    assert state.live["b"] == LiveTask(5, encode_add("b", 5, b"2"))
+    assert state.live["b"] == encode_add("b", 5, b"2")
+    assert live_fields(state.live["b"]) == (5, b"2")
     assert state.records == 3 and state.faults == {} and state.corrupt == 0
 
 
@@ -210,7 +211,7 @@ def test_re_add_replaces_the_task_and_keeps_its_position() -> None:
             + encode_add("a", 9, b"new"))
     state = replay(data)
     assert pending(state) == [("a", 9), ("b", None)]
-    assert state.live["a"].line == encode_add("a", 9, b"new")
+    assert state.live["a"] == encode_add("a", 9, b"new")
 
 
 @pytest.mark.spec("R-@J", "R-@A")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from deferq._format import (
     BadLine,
+    WalAdd,
     dead_data_name,
     decode_dead_line,
     decode_dead_payload,
@@ -122,11 +123,11 @@ def _observe_wal(obs: Observation, name: str, full: str) -> None:
     for raw in lines:
         if not replay.apply(raw) and raw.complete:
             damaged += 1
-    for task_id, live in replay.live.items():
-        record = decode_wal_line(live.line[:-1])
-        assert not isinstance(record, BadLine) and hasattr(record, "context")
+    for task_id, line in replay.live.items():
+        record = decode_wal_line(line[:-1])
+        assert isinstance(record, WalAdd)
         obs.pending.setdefault(task_id, []).append(
-            Pending(digest(record.context).encode(), live.publish_at))
+            Pending(digest(record.context).encode(), record.publish_at))
     obs.files.append(FileScan(name, size, replay.records, _torn(lines, size), damaged))
 
 
