@@ -260,16 +260,24 @@ class ReportingQueueDisk(Disk):
         with self._lock:
             done = set(covered)
             self._unsynced = [s for s in self._unsynced if s not in done]
+            # Every ticket up to this one is durable now: a later sync_through of one of
+            # them covers nothing new (the queue reads a ticket per completion but waits
+            # only for the latest, so without this the map would grow for the whole run).
+            for stale in [t for t in self._covered if t <= ticket]:
+                del self._covered[stale]
         self.emit.ack(seq)
 
     def sync(self) -> None:
         with self._lock:
             covered = list(self._unsynced)
+            tickets = list(self._covered)  # read before the fsync: all covered by it
         seq = self.emit.issue("sync")
         self._call(seq, super().sync)
         with self._lock:
             done = set(covered)
             self._unsynced = [s for s in self._unsynced if s not in done]
+            for stale in tickets:
+                self._covered.pop(stale, None)
         self.emit.ack(seq)
 
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
