@@ -50,13 +50,12 @@ from deferq._format import (
     decode_dead_record,
     encode_dead,
 )
-from deferq._io import join, lines_backward, repair_tail, write_all
+from deferq._io import chunks_forward, join, lines_backward, repair_tail, write_all
 from deferq._limits import (
     FILE_MODE,
     GROUP_COMMIT_ROUNDS_MAX,
     LINE_BYTES_MAX,
     LOCK_ATTEMPTS_MAX,
-    READ_CHUNK_BYTES,
     TASK_ID_BYTES_MAX,
     WRITE_BATCH_BYTES,
     lock_sleep_s,
@@ -595,16 +594,10 @@ class DeadTaskStore:
         out = _Batches(env, tmp_fd)
         dropped = 0
         try:
-            size = env.fstat(fd).size
-            offset = 0
             carry: list[bytes] = []
             carry_bytes = 0
             overlong = False
-            while offset < size:
-                chunk = env.pread(fd, min(READ_CHUNK_BYTES, size - offset), offset)
-                if not chunk:
-                    break  # The file shrank under us; what was read is all there is.
-                offset += len(chunk)
+            for chunk in chunks_forward(env, fd, env.fstat(fd).size):
                 clean = b"\0" not in chunk
                 pos = 0  # where the next line starts in the chunk
                 run = 0  # where the current run of surviving lines started
