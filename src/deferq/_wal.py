@@ -55,7 +55,8 @@ from deferq._limits import (
     WAL_SIZE_LIMIT_BYTES,
     WRITE_BATCH_BYTES,
 )
-from deferq._recovery import FastWalReplay, WalReplay, live_fields
+from deferq._fastreplay import FastWalReplay
+from deferq._recovery import WalReplay, live_fields
 from deferq._types import PendingTask
 
 log = logging.getLogger("deferq")

@@ -38,7 +38,8 @@ from deferq._format import (
     raw_id_ok,
 )
 from deferq._limits import LINE_BYTES_MAX, TASK_ID_BYTES_MAX
-from deferq._recovery import FastWalReplay, WalReplay
+from deferq._fastreplay import FastWalReplay
+from deferq._recovery import WalReplay
 
 IDS = st.one_of(
     st.sampled_from(["a", "b", "1790000000-42-1", "1790000001-42-1", "99-x", "7", "é-1", "ü"]),
