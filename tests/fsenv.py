@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from deferq._env import Cancel, FileStat, OpenFlag
 from deferq._osenv import OsEnv
 
-__all__ = ["Call", "Fault", "FaultyEnv", "ManualClock", "RecordingEnv", "Timer", "snapshot"]
+__all__ = ["Call", "Fault", "FaultyEnv", "ManualClock", "RecordingEnv", "Timer", "append_to_wal",
+           "snapshot", "wal_bytes", "wal_size"]
 
 
 def snapshot(directory: str | os.PathLike[str]) -> dict[str, bytes]:
@@ -39,6 +40,26 @@ def snapshot(directory: str | os.PathLike[str]) -> dict[str, bytes]:
             with open(entry.path, "rb") as handle:
                 out[entry.name] = handle.read()
     return out
+
+
+def wal_bytes(path: str | os.PathLike[str]) -> bytes:
+    """A WAL file's records: its bytes without the space reserved after them (R-@L, W-25)."""
+    with open(path, "rb") as handle:
+        return handle.read().rstrip(b"\0")
+
+
+def wal_size(path: str | os.PathLike[str]) -> int:
+    """Where a WAL file's records end (R-@L): its size without its reserved space."""
+    return len(wal_bytes(path))
+
+
+def append_to_wal(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` where a WAL file's records end, over its reserved space, as its writer
+    would (W-25); appending after the reserved zeros would make them a hole (R-@K)."""
+    end = wal_size(path)
+    with open(path, "r+b") as handle:
+        handle.seek(end)
+        handle.write(data)
 
 
 # ----------------------------------------------------------------------------- clock
@@ -209,6 +230,14 @@ class RecordingEnv(OsEnv):
         self._record("ftruncate", fd=fd, size=size)
         super().ftruncate(fd, size)
 
+    def allocate(self, fd: int, offset: int, length: int) -> None:
+        self._record("allocate", fd=fd, size=length)
+        super().allocate(fd, offset, length)
+
+    def seek(self, fd: int, offset: int) -> None:
+        self._record("seek", fd=fd, size=offset)
+        super().seek(fd, offset)
+
     def fstat(self, fd: int) -> FileStat:
         self._record("fstat", fd=fd)
         return super().fstat(fd)
@@ -305,7 +334,7 @@ class FaultyEnv(RecordingEnv):
     """``RecordingEnv`` whose calls fail as ``inject()`` says.
 
     Injectable operations: open, pread, write (error or short), fsync, ftruncate,
-    fsync_dir, rename (matched on its source) and unlink. A failed call is
+    allocate, seek, fsync_dir, rename (matched on its source) and unlink. A failed call is
     recorded with a ``!`` suffix (``fsync!``), so ``calls_of("fsync")`` lists
     only the calls that reached the operating system.
     """
@@ -368,6 +397,20 @@ class FaultyEnv(RecordingEnv):
             self._record("ftruncate!", fd=fd, size=size)
             self._raise(fault, self.path_of(fd))
         super().ftruncate(fd, size)
+
+    def allocate(self, fd: int, offset: int, length: int) -> None:
+        fault = self._check("allocate", self.path_of(fd))
+        if fault is not None:
+            self._record("allocate!", fd=fd, size=length)
+            self._raise(fault, self.path_of(fd))
+        super().allocate(fd, offset, length)
+
+    def seek(self, fd: int, offset: int) -> None:
+        fault = self._check("seek", self.path_of(fd))
+        if fault is not None:
+            self._record("seek!", fd=fd, size=offset)
+            self._raise(fault, self.path_of(fd))
+        super().seek(fd, offset)
 
     def fsync_dir(self, path: str) -> None:
         fault = self._check("fsync_dir", path)

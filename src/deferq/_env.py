@@ -54,6 +54,11 @@ class Cancel(Protocol):
 class Env(Protocol):
     """Every operation the engine performs on the outside world."""
 
+    #: Bytes a WAL reserves past its records at a time (W-25). The operating system's is
+    #: ``WAL_RESERVE_BYTES``; the simulated machine's is small (``SIM_RESERVE_BYTES``), so
+    #: that its files stay small and the crash tests cross reservation boundaries often.
+    reserve_bytes: int
+
     # --- files (file descriptors are ints, local to this Env)
     def open(self, path: str, flags: OpenFlag, mode: int = 0o600) -> int:
         """Open (or create) a file and return a new descriptor."""
@@ -69,6 +74,13 @@ class Env(Protocol):
 
     def ftruncate(self, fd: int, size: int) -> None:
         """Set the file's size."""
+
+    def allocate(self, fd: int, offset: int, length: int) -> None:
+        """``posix_fallocate``: reserve blocks for ``[offset, offset + length)``, growing the
+        file's size with zeros to cover it; never changes existing bytes or the offset."""
+
+    def seek(self, fd: int, offset: int) -> None:
+        """Set the descriptor's offset (``lseek(SEEK_SET)``), where the next ``write`` goes."""
 
     def fstat(self, fd: int) -> FileStat:
         """Identity and size of an open file."""

@@ -42,6 +42,25 @@ def chunks_forward(env: Env, fd: int, size: int, start: int = 0) -> Iterator[byt
         yield chunk
 
 
+def records_end(env: Env, fd: int, size: int) -> int:
+    """Implements R-@L: where a WAL file's records end, the NUL bytes it ends with left out.
+
+    A worker reserves space past its records (W-25), and reserved space reads as
+    zeros; no record holds a NUL (F-4), so the records end after the last byte of
+    ``fd[:size]`` that is not NUL. Reads backwards in ``READ_CHUNK_BYTES`` chunks
+    (a worker reserves at most ``WAL_RESERVE_BYTES`` plus one record ahead).
+    """
+    end = size
+    while end > 0:
+        start = max(0, end - READ_CHUNK_BYTES)
+        chunk = env.pread(fd, end - start, start)
+        kept = len(chunk.rstrip(b"\0"))
+        if kept:
+            return start + kept
+        end = start
+    return 0
+
+
 def lines_forward(env: Env, fd: int, size: int, start: int = 0) -> Iterator[RawLine]:
     """Every line of ``fd[start:size]`` in file order, the torn tail last (R-@F)."""
     splitter = ForwardLines(start)

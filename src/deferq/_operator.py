@@ -24,7 +24,7 @@ from typing import Protocol
 
 from deferq._env import Env, OpenFlag
 from deferq._format import WalAdd, decode_wal_line, is_wal_file_name
-from deferq._io import join, lines_forward
+from deferq._io import join, lines_forward, records_end
 from deferq._recovery import WalReplay
 from deferq._serialize import JSON_CODEC, ContextCodec, ContextError
 from deferq._types import DeadTask, PendingTask
@@ -137,7 +137,8 @@ def scan_pending(env: Env, path: str, prefix: str) -> list[WalFileScan]:
             continue  # merged away or rotated by a worker since the listing
         try:
             replay = WalReplay()
-            for raw in lines_forward(env, fd, env.fstat(fd).size):
+            end = records_end(env, fd, env.fstat(fd).size)  # R-@L: not the reserved space
+            for raw in lines_forward(env, fd, end):
                 replay.apply(raw)
         finally:
             env.close(fd)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from deferq._env import Cancel, FileStat, OpenFlag
+from deferq._limits import WAL_RESERVE_BYTES
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _OS_BITS: dict[int, int] = {}  # OpenFlag value -> os.O_* bits
@@ -81,6 +82,8 @@ class _Ticker:
 class OsEnv:
     """The operating system as an ``Env``."""
 
+    reserve_bytes: int = WAL_RESERVE_BYTES
+
     def open(self, path: str, flags: OpenFlag, mode: int = 0o600) -> int:
         bits = _OS_BITS.get(flags._value_)  # an int key: hashing the Flag is a Python call
         if bits is None:
@@ -98,6 +101,12 @@ class OsEnv:
 
     def ftruncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
+
+    def allocate(self, fd: int, offset: int, length: int) -> None:
+        os.posix_fallocate(fd, offset, length)
+
+    def seek(self, fd: int, offset: int) -> None:
+        os.lseek(fd, offset, os.SEEK_SET)
 
     def fstat(self, fd: int) -> FileStat:
         st = os.fstat(fd)

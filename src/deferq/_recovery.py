@@ -66,6 +66,9 @@ RECOVERY_TABLE: Final = (
          "count, read the bytes after the last NUL as the line",
          "count, read the bytes after the last NUL as the line",
          "compaction keeps only the bytes after the last NUL, if valid"),
+    Rule("R-@L", "WAL file: the NUL bytes it ends with (space reserved for records, W-25)",
+         "skip, not counted: the records end before them", "n/a (R-@F)",
+         "the owner writes its next record over them"),
 )
 
 

@@ -23,7 +23,7 @@ from deferq._format import (
     decode_wal_line,
     is_wal_file_name,
 )
-from deferq._io import join, lines_forward
+from deferq._io import join, lines_forward, records_end
 from deferq._recovery import line_body
 
 
@@ -56,12 +56,14 @@ def verify_file(env: Env, path: str, name: str, kind: str) -> FileReport | None:
     report = FileReport(name, kind)
     try:
         report.size_bytes = env.fstat(fd).size
-        for raw in lines_forward(env, fd, report.size_bytes):
+        # R-@L: a WAL file's reserved space (W-25) is neither records nor damage.
+        end = records_end(env, fd, report.size_bytes) if kind == "wal" else report.size_bytes
+        for raw in lines_forward(env, fd, end):
             data, faults = line_body(raw)
             for fault in faults:
                 _fault(report, fault)
             if not raw.complete:
-                report.torn_tail_bytes = report.size_bytes - raw.offset
+                report.torn_tail_bytes = end - raw.offset
             if data is None:
                 continue
             if kind == "wal":

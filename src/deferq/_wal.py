@@ -15,9 +15,11 @@ then unlink the old file while still holding its lock (W-10). Because
 every live task is copied, outstanding immediate tasks never block rotation
 (the reference's leaking counter, W-11).
 
-Writes go to the OS at once; fsync happens every ``fsync_frequency`` seconds,
-driven by ``tick()`` (called by the Env's timer, or by tests) and checked on
-every write, or inline when the frequency is 0 (W-8). A failed fsync is never
+Each record is written where the records end, into space reserved ahead of
+them (W-25): an fsync that does not grow the file is cheaper. Writes go to the
+OS at once; fsync happens every ``fsync_frequency`` seconds, driven by
+``tick()`` (called by the Env's timer, or by tests) and checked on every
+write, or inline when the frequency is 0 (W-8). A failed fsync is never
 retried: the WAL becomes BROKEN and refuses all work (W-12, D-10).
 
 Group commit (W-20..W-24): every record appended takes the next ticket; an
@@ -31,6 +33,7 @@ fsync is in flight, since they close the file it runs on.
 from __future__ import annotations
 
 import enum
+import errno
 import logging
 import threading
 from typing import Final
@@ -48,7 +51,7 @@ from deferq._format import (
     wal_file_name,
 )
 from deferq._ids import id_source
-from deferq._io import chunks_forward, join, write_all
+from deferq._io import chunks_forward, join, records_end, write_all
 from deferq._limits import (
     FILE_MODE,
     WAL_SIZE_INCREASE_RATIO,
@@ -62,6 +65,13 @@ from deferq._types import PendingTask
 log = logging.getLogger("deferq")
 
 _RW_APPEND: Final = OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND
+# A worker's own file is written at its descriptor's offset, not with O_APPEND: the file
+# is longer than its records by the space reserved ahead of them (W-25).
+_RW: Final = OpenFlag.READ | OpenFlag.WRITE
+# allocate() errors meaning "this filesystem cannot reserve": stop trying (W-25).
+_NO_RESERVE_ERRNOS: Final = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS,
+                                       errno.EINVAL})
+_NEVER: Final = 1 << 62  # a reserved end no record reaches: reserving is off
 _CREATE_ATTEMPTS_MAX: Final = 16
 
 
@@ -125,7 +135,9 @@ class TasksWal:
             self._name, self._fd = self._adopt(claimed)
         else:
             self._name, self._fd = self._create_file()
-        self._size = env.fstat(self._fd).size
+        self._size = env.fstat(self._fd).size  # the end of the records: where writes go
+        self._reserved = self._size  # the end of the space reserved for records (W-25)
+        self._reserve_step = env.reserve_bytes
         self._limit = _limit_after_copy(self._size)
 
     # ------------------------------------------------------------------ opening
@@ -157,7 +169,7 @@ class TasksWal:
         for _ in range(_CREATE_ATTEMPTS_MAX):
             name = wal_file_name(self._prefix, env.local_date(), self._pid, env.random_u32())
             try:
-                fd = env.open(join(self._path, name), _RW_APPEND | OpenFlag.CREATE
+                fd = env.open(join(self._path, name), _RW | OpenFlag.CREATE
                               | OpenFlag.EXCLUSIVE, FILE_MODE)
             except FileExistsError:
                 continue
@@ -187,10 +199,11 @@ class TasksWal:
         raise FileExistsError(f"could not pick an unused WAL file name in {self._path}")
 
     def _replay(self, claimed: list[tuple[str, int]]) -> WalReplay:
-        """Replay every claimed file in name order (W-3, W-15, R-@A..R-@K), on the fast path (W-16)."""
+        """Replay every claimed file in name order (W-3, W-15, R-@A..R-@L), on the fast path (W-16)."""
         replay = FastWalReplay()
         for _, fd in claimed:
-            replay.apply_file(chunks_forward(self._env, fd, self._env.fstat(fd).size))
+            end = records_end(self._env, fd, self._env.fstat(fd).size)  # R-@L
+            replay.apply_file(chunks_forward(self._env, fd, end))
         return replay.result()
 
     def _adopt(self, claimed: list[tuple[str, int]]) -> tuple[str, int]:
@@ -304,6 +317,8 @@ class TasksWal:
                 task_id = self._ids.next_id(self._pid, now)
             line = encode_add(task_id, publish_at, context)
             size = len(line)
+            if self._size + size > self._reserved:
+                self._reserve(size)
             try:
                 done = self._write(self._fd, line)
                 if done != size:
@@ -340,6 +355,8 @@ class TasksWal:
                 self._check_usable()
             line = encode_rem(task_id)
             size = len(line)
+            if self._size + size > self._reserved:
+                self._reserve(size)
             try:
                 done = self._write(self._fd, line)
                 if done != size:
@@ -460,13 +477,36 @@ class TasksWal:
             raise OSError(f"write returned {done} with {len(line)} bytes left")
         write_all(self._env, self._fd, line[done:])
 
+    def _reserve(self, size: int) -> None:
+        """Implements W-25: reserve space past the records before a write would pass its end.
+
+        ``Env.reserve_bytes`` (``WAL_RESERVE_BYTES`` on the real OS), and at least the
+        ``size`` of the record about to be written, from the end of the records.
+        Reserving only saves fsync work: when it fails the write goes ahead and grows
+        the file as an append would (a full disk then fails the write itself, W-13);
+        a filesystem that cannot reserve is not asked again.
+        """
+        length = max(self._reserve_step, size)
+        try:
+            self._env.allocate(self._fd, self._size, length)
+        except OSError as exc:
+            if exc.errno in _NO_RESERVE_ERRNOS:
+                self._reserved = _NEVER
+            return
+        self._reserved = self._size + length
+
     def _cut_back(self) -> None:
         """Implements W-13: a write failed; cut its partial line back off, or fail-stop.
 
         Called from the ``except OSError`` of an append, which re-raises the error.
+        The cut drops the reserved space too (W-25), and the descriptor's offset is
+        moved back to the end of the records, where the next write must go.
         """
         try:
             self._env.ftruncate(self._fd, self._size)
+            if self._reserved != _NEVER:
+                self._reserved = self._size
+            self._env.seek(self._fd, self._size)
         except OSError as exc:
             self._state = WalState.BROKEN
             raise StorageBrokenError("a WAL write failed and its partial line could not be"
@@ -562,6 +602,7 @@ class TasksWal:
         old_name, old_fd = self._name, self._fd
         self._name, self._fd = name, fd
         self._size = self._env.fstat(fd).size
+        self._reserved = self._size
         self._limit = _limit_after_copy(self._size)
         # The old file is unlinked while still locked, so no booting worker can claim it.
         self._retire([(old_name, old_fd)])

@@ -3,7 +3,7 @@
 Goal: every crash test built on ``deferq.testing`` is only as good as the simulator's
 fidelity when nothing crashes (the pyfakefs lesson: no-op fsync and flock, unfaked
 pread). Method: Hypothesis generates random sequences of seam calls (open with every
-flag combination, write, pread, ftruncate, fstat, close, rename, unlink, makedirs,
+flag combination, write, pread, ftruncate, allocate, seek, fstat, close, rename, unlink, makedirs,
 listdir, fsync, fsync_dir, flock from two descriptions, calls on closed descriptors)
 and runs each on a fresh ``SimEnv`` and on ``OsEnv`` in a temporary directory of the
 real local filesystem; return values (descriptors as handles, directory listings
@@ -50,6 +50,8 @@ seam_ops = st.one_of(
     st.tuples(st.just("write"), HANDLES, st.binary(max_size=12)),
     st.tuples(st.just("pread"), HANDLES, st.integers(0, 12), st.integers(0, 16)),
     st.tuples(st.just("ftruncate"), HANDLES, st.integers(0, 16)),
+    st.tuples(st.just("allocate"), HANDLES, st.integers(-1, 16), st.integers(-1, 16)),
+    st.tuples(st.just("seek"), HANDLES, st.integers(-1, 20)),
     st.tuples(st.just("fstat"), HANDLES),
     st.tuples(st.just("close"), HANDLES),
     st.tuples(st.just("fsync"), HANDLES),
@@ -119,6 +121,14 @@ class SeamRunner:
         if kind == "ftruncate":
             assert isinstance(op[2], int)
             env.ftruncate(fd, op[2])
+            return None
+        if kind == "allocate":
+            assert isinstance(op[2], int) and isinstance(op[3], int)
+            env.allocate(fd, op[2], op[3])
+            return None
+        if kind == "seek":
+            assert isinstance(op[2], int)
+            env.seek(fd, op[2])
             return None
         if kind == "fstat":
             st_ = env.fstat(fd)

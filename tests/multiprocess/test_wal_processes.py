@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fsenv import append_to_wal, wal_size
 from tests.multiprocess.workers import Reply, Worker, WorkerPool, lock_is_free, scan_wal_file
 
 pytestmark = pytest.mark.multiprocess
@@ -110,12 +111,12 @@ def test_torn_tail_of_worker_killed_mid_write_is_left_behind_and_later_records_s
     victim_file = _wal_file(victim)
     kept = victim.call("add_task", context_hex=b"small".hex()).text("task_id")
     wal_path = pool.storage / victim_file
-    valid_size = wal_path.stat().st_size
+    valid_size = wal_size(wal_path)
     victim.send("add_task", context_bytes=3 * 1024 * 1024)
     stalled = victim.expect("stalled")
     assert 0 < stalled.number("written") < stalled.number("size")
     victim.kill()
-    assert wal_path.stat().st_size == valid_size + stalled.number("written")
+    assert wal_size(wal_path) == valid_size + stalled.number("written")
     assert scan_wal_file(wal_path).tail, "the kill left no torn tail"
 
     heir = pool.spawn()
@@ -150,8 +151,7 @@ def test_files_of_several_dead_workers_are_merged_into_one(pool: WorkerPool) -> 
     files = sorted(expected_by_file)
     assert pool.wal_files() == files
     # A torn tail on an orphan that will be merged: only valid records are copied.
-    with open(pool.storage / files[-1], "ab") as orphan:
-        orphan.write(b"0badc0de:add:torn")
+    append_to_wal(pool.storage / files[-1], b"0badc0de:add:torn")
 
     heir = pool.spawn()
     heir_file = _wal_file(heir)  # A fresh copy (W-3), in the adopted files' name order.

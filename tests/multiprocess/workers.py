@@ -630,9 +630,11 @@ class FileScan:
     tail: bytes
 
 
-def _complete_lines(path: Path) -> tuple[list[bytes], bytes]:
-    """The newline-terminated lines of a file (without newlines) and the bytes after the last."""
-    lines = path.read_bytes().split(b"\n")
+def _complete_lines(path: Path, *, wal: bool = False) -> tuple[list[bytes], bytes]:
+    """The newline-terminated lines of a file (without newlines) and the bytes after the last;
+    for a WAL file, without the space reserved after its records (R-@L, W-25)."""
+    data = path.read_bytes()
+    lines = (data.rstrip(b"\0") if wal else data).split(b"\n")
     tail = lines.pop()
     return lines, tail
 
@@ -654,7 +656,7 @@ def scan_dead_file(path: Path) -> FileScan:
 
 def scan_wal_file(path: Path) -> FileScan:
     """Decode every line of a WAL file (F-6, F-7): ids of add records, damaged lines, the tail."""
-    lines, tail = _complete_lines(path)
+    lines, tail = _complete_lines(path, wal=True)
     ids: list[str] = []
     damaged = 0
     for line in lines:

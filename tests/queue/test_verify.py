@@ -16,6 +16,7 @@ import pytest
 from deferq._cli import main
 from deferq._format import encode_rem, frame
 from deferq.backends import Disk
+from tests.fsenv import append_to_wal
 
 
 def files(storage: Path) -> dict[str, bytes]:
@@ -41,15 +42,14 @@ def test_verify_of_clean_storage_exits_zero_and_changes_nothing(
     assert files(storage) == before
 
 
-@pytest.mark.spec("Q-17", "R-@B", "R-@C", "R-@F", "R-@G")
+@pytest.mark.spec("Q-17", "R-@B", "R-@C", "R-@F", "R-@G", "R-@L")
 def test_verify_counts_each_kind_of_damage_and_exits_four(
         storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
     populate(storage)
     [wal] = [p for p in storage.iterdir() if p.name.startswith("deferred-0-")]
-    with wal.open("ab") as f:
-        f.write(b"garbage line\n")  # R-@B
-        f.write(b"00000000" + encode_rem("x")[8:])  # R-@C
-        f.write(b"0123")  # R-@F, 4 bytes
+    append_to_wal(wal, b"garbage line\n"  # R-@B
+                  + b"00000000" + encode_rem("x")[8:]  # R-@C
+                  + b"0123")  # R-@F, 4 bytes (the reserved zeros after it are R-@L: no damage)
     dead = storage / "deferred-dead_tasks-0"
     with dead.open("ab") as f:
         f.write(frame(b'dead_task:bad:{"id":"bad"}'))  # R-@G

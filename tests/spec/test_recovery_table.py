@@ -19,7 +19,7 @@ from deferq._format import LineFault
 from deferq._recovery import RECOVERY_TABLE, Rule
 
 RECOVERY_MD = Path(__file__).resolve().parents[2] / "spec" / "recovery.md"
-LABELS = tuple(f"R-@{letter}" for letter in "ABCDEFGHIJK")
+LABELS = tuple(f"R-@{letter}" for letter in "ABCDEFGHIJKL")
 HEADER = ("Label", "Condition", "WAL reader", "Dead-task reader", "Writer")
 
 

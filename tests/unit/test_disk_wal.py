@@ -35,10 +35,25 @@ from deferq._format import (
     encode_rem,
     is_wal_file_name,
 )
-from deferq._limits import CONTEXT_BYTES_MAX, WAL_SIZE_LIMIT_BYTES
+from deferq._io import records_end
+from deferq._limits import (
+    CONTEXT_BYTES_MAX,
+    READ_CHUNK_BYTES,
+    WAL_RESERVE_BYTES,
+    WAL_SIZE_LIMIT_BYTES,
+)
+from deferq._osenv import OsEnv
 from deferq._types import PendingTask
 from deferq.backends import Disk
-from tests.fsenv import FaultyEnv, ManualClock, RecordingEnv, snapshot
+from tests.fsenv import (
+    FaultyEnv,
+    ManualClock,
+    RecordingEnv,
+    append_to_wal,
+    snapshot,
+    wal_bytes,
+    wal_size,
+)
 
 PREFIX = "deferred-"
 PID = os.getpid()
@@ -72,7 +87,7 @@ def corruption_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def wal_lines_are_all_valid(path: Path) -> bool:
-    data = path.read_bytes()
+    data = wal_bytes(path)
     if data and not data.endswith(b"\n"):
         return False
     return all(not isinstance(decode_wal_line(line), BadLine) for line in data.split(b"\n")[:-1])
@@ -128,8 +143,7 @@ def test_replayed_rem_of_an_id_that_is_not_pending_is_a_no_op(
     with open_disk(storage) as disk:
         disk.add_task(b"a", task_id="a")
     wal = only_wal(storage)
-    with wal.open("ab") as handle:
-        handle.write(encode_rem("ghost") + encode_add("b", None, b"b") + encode_rem("ghost"))
+    append_to_wal(wal, encode_rem("ghost") + encode_add("b", None, b"b") + encode_rem("ghost"))
     with caplog.at_level(logging.WARNING, logger="deferq"), open_disk(storage) as disk:
         assert ids(disk) == ["a", "b"]
     assert corruption_warnings(caplog) == []
@@ -209,8 +223,7 @@ def test_damaged_or_oversized_seeds_in_the_file_do_not_move_the_seed(storage: Pa
     wal = only_wal(storage)
     bad = encode_add("999999999999-1-1", None, b"")
     bad = b"00000000" + bad[8:]  # a huge 12-digit seed behind a wrong CRC
-    with wal.open("ab") as handle:
-        handle.write(bad)
+    append_to_wal(wal, bad)
     with open_disk(storage, RecordingEnv(ManualClock(wall=WALL))) as disk:
         assert disk.add_task(b"") == f"{int(WALL) + 1}-{PID}-1"
 
@@ -328,7 +341,7 @@ def test_orphans_are_copied_in_name_order_to_a_fresh_fsynced_file_and_only_then_
             env.index("close", str(path), start=dir_synced)
             assert not env.calls_of("write", str(path)) and not env.calls_of("ftruncate", str(path))
         assert copied < synced
-        lines = Path(fresh).read_bytes().split(b"\n")
+        lines = wal_bytes(fresh).split(b"\n")
         marker = decode_wal_line(lines[0])  # W-5: the seed marker comes first
         assert isinstance(marker, WalRem) and marker.task_id.endswith(f"-{PID}-0")
         assert [decode_wal_line(line) for line in lines[1:-1]] == [
@@ -401,13 +414,13 @@ def test_a_torn_tail_is_left_behind_with_the_adopted_file_and_never_appended_to(
         disk.add_task(b"a", task_id="a")
         disk.add_task(b"b", task_id="b")
     wal = only_wal(storage)
-    wal.write_bytes(wal.read_bytes() + tail)
+    wal.write_bytes(wal_bytes(wal) + tail)
     env = RecordingEnv()
     with open_disk(storage, env) as disk:
         fresh = only_fresh_copy(storage, [wal])
         assert not env.calls_of("write", str(wal)) and not env.calls_of("ftruncate", str(wal))
         disk.add_task(b"c", task_id="c")
-    records = fresh.read_bytes().split(b"\n", 1)[1]  # after the seed marker (W-5)
+    records = wal_bytes(fresh).split(b"\n", 1)[1]  # after the seed marker (W-5)
     assert records == b"".join(encode_add(t, None, t.encode()) for t in ("a", "b", "c"))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="deferq"), open_disk(storage) as disk:
@@ -458,8 +471,7 @@ def test_a_torn_tail_of_a_merged_orphan_is_not_copied_and_the_following_records_
     orphans = make_orphans(storage, 3)
     (main, main_ids), (middle, middle_ids), (last, last_ids) = orphans
     for path in (middle, last):
-        with path.open("ab") as handle:
-            handle.write(encode_add("torn", None, b"torn")[:-9])
+        append_to_wal(path, encode_add("torn", None, b"torn")[:-9])
     with open_disk(storage) as disk:
         assert ids(disk) == main_ids + middle_ids + last_ids
         fresh = only_fresh_copy(storage, [main, middle, last])
@@ -528,7 +540,8 @@ def test_fsync_frequency_zero_fsyncs_every_add_and_remove_before_returning(
                        lambda: disk.remove_task("a")):
             env.clear()
             action()
-            assert env.ops(wal) == ["write", "fsync"]
+            # The first record also reserves space after itself (W-25).
+            assert env.ops(wal) in (["write", "fsync"], ["allocate", "write", "fsync"])
 
 
 @pytest.mark.spec("W-8")
@@ -604,7 +617,7 @@ def churn(disk: Disk, storage: Path, *, until_rotations: int,
     for _ in range(max_cycles):
         tid = disk.add_task(FILLER)
         before = only_wal(storage)
-        size_after_remove = before.stat().st_size + len(encode_rem(tid))
+        size_after_remove = wal_size(before) + len(encode_rem(tid))
         disk.remove_task(tid)
         rotated = not before.exists()
         out.append((size_after_remove, rotated))
@@ -633,7 +646,7 @@ def test_rotation_copies_every_live_task_to_a_new_file_and_drops_the_old_one_in_
         new = only_wal(storage)
         assert new != old and not old.exists()
         assert disk.pending_tasks() == expected
-        records = [decode_wal_line(rec) for rec in new.read_bytes().split(b"\n")[:-1]]
+        records = [decode_wal_line(rec) for rec in wal_bytes(new).split(b"\n")[:-1]]
         assert records[0] == WalRem(f"{int(clock.wall) + 1}-{PID}-0")  # the W-5 seed marker
         assert [(r.task_id, r.publish_at, r.context) for r in records
                 if isinstance(r, WalAdd)] == [(t.task_id, t.publish_at, t.context) for t in expected]
@@ -658,7 +671,7 @@ def test_the_rotation_limit_grows_while_live_tasks_fill_two_thirds_of_it(storage
         for i in range(8):
             disk.add_task(big, task_id=f"big-{i}")
         first = churn(disk, storage, until_rotations=1)
-        live_size = only_wal(storage).stat().st_size
+        live_size = wal_size(only_wal(storage))
         assert live_size >= WAL_SIZE_LIMIT_BYTES * 2 / 3
         limit = WAL_SIZE_LIMIT_BYTES * 1.5  # the smallest 2e6 * 1.5**k with live < 2/3 of it
         second = churn(disk, storage, until_rotations=1)
@@ -769,7 +782,7 @@ WRITE_FAILURES: dict[str, list[tuple[int, int | None, int]]] = {
 }
 
 
-@pytest.mark.spec("W-13", "D-10")
+@pytest.mark.spec("W-13", "D-10", "W-25")
 @pytest.mark.parametrize("faults", list(WRITE_FAILURES.values()), ids=list(WRITE_FAILURES))
 def test_a_failed_write_is_cut_back_and_the_wal_stays_usable(
         storage: Path, faults: list[tuple[int, int | None, int]],
@@ -778,14 +791,17 @@ def test_a_failed_write_is_cut_back_and_the_wal_stays_usable(
     with open_disk(storage, env, f=0) as disk:
         disk.add_task(b"a", task_id="a")
         wal = only_wal(storage)
-        before = wal.read_bytes()
+        before = wal_bytes(wal)
+        assert wal.stat().st_size > len(before)  # space reserved after the record (W-25)
         for nth, short_bytes, error in faults:
             env.inject("write", path=str(wal), nth=nth, short_bytes=short_bytes, error=error)
         with pytest.raises(OSError) as info:
             disk.add_task(b"b" * 100, task_id="b")
         assert not isinstance(info.value, StorageBrokenError)
-        assert wal.read_bytes() == before
+        assert wal.read_bytes() == before  # cut back to the records, reserved space too
         assert ids(disk) == ["a"]
+        # The next record goes right after "a" (the offset was moved back, W-13): no hole
+        # of zeros that the replay below would count as damage (R-@K).
         disk.add_task(b"c", task_id="c")
         disk.remove_task("a")
         assert ids(disk) == ["c"]
@@ -793,6 +809,89 @@ def test_a_failed_write_is_cut_back_and_the_wal_stays_usable(
     with caplog.at_level(logging.WARNING, logger="deferq"), open_disk(storage) as disk:
         assert ids(disk) == ["c"]
     assert corruption_warnings(caplog) == []
+
+
+# ----------------------------------------------------------------------------- reserved space
+
+
+@pytest.mark.spec("W-25", "R-@L")
+def test_records_are_written_into_space_reserved_after_them_and_read_back_without_it(
+        storage: Path, caplog: pytest.LogCaptureFixture) -> None:
+    env = RecordingEnv()
+    with open_disk(storage, env, f=0) as disk:
+        wal = only_wal(storage)
+        env.clear()
+        first = disk.add_task(b"a" * 10, task_id="a")
+        assert env.ops(str(wal)) == ["allocate", "write", "fsync"]
+        records = encode_add(first, None, b"a" * 10)
+        assert wal.stat().st_size == WAL_RESERVE_BYTES  # reserved from the records' end (0)
+        assert wal_bytes(wal) == records
+        env.clear()
+        for n in range(50):
+            disk.remove_task(disk.add_task(b"%d" % n))
+        assert "allocate" not in env.ops(str(wal))  # 50 records fit in the reserved space
+        data = wal.read_bytes()
+        end = len(data.rstrip(b"\0"))
+        assert data[end - 1:end] == b"\n" and data[end:] == bytes(len(data) - end)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="deferq"), open_disk(storage) as disk:
+        assert ids(disk) == ["a"]
+    assert corruption_warnings(caplog) == []  # the reserved zeros are not damage (R-@L)
+    assert not wal.exists() and wal_lines_are_all_valid(only_wal(storage))
+
+
+@pytest.mark.spec("W-25")
+def test_a_record_longer_than_the_reserve_step_reserves_its_own_size(storage: Path) -> None:
+    env = RecordingEnv()
+    big = b"x" * (WAL_RESERVE_BYTES + 1000)
+    with open_disk(storage, env, f=0) as disk:
+        wal = only_wal(storage)
+        env.clear()
+        disk.add_task(big, task_id="big")
+        assert env.ops(str(wal)) == ["allocate", "write", "fsync"]
+        size = len(encode_add("big", None, big))
+        assert wal.stat().st_size == size  # reserved exactly the record, then filled it
+        env.clear()
+        disk.add_task(b"", task_id="small")  # the next one reserves again
+        assert env.ops(str(wal)) == ["allocate", "write", "fsync"]
+    with open_disk(storage) as disk:
+        assert ids(disk) == ["big", "small"]
+
+
+@pytest.mark.spec("W-25")
+@pytest.mark.parametrize("error,asked_again", [
+    (errno.ENOSPC, True), (errno.EIO, True), (errno.EOPNOTSUPP, False), (errno.EINVAL, False),
+], ids=["ENOSPC", "EIO", "EOPNOTSUPP", "EINVAL"])
+def test_a_failed_reservation_never_fails_the_write(
+        storage: Path, error: int, asked_again: bool, caplog: pytest.LogCaptureFixture) -> None:
+    env = FaultyEnv()
+    with open_disk(storage, env, f=0) as disk:
+        wal = str(only_wal(storage))
+        fault = env.inject("allocate", path=wal, error=error)
+        disk.add_task(b"a", task_id="a")  # the write goes ahead and grows the file
+        assert fault.fired == 1
+        assert Path(wal).stat().st_size == len(encode_add("a", None, b"a"))
+        disk.add_task(b"b", task_id="b")
+        assert (len(env.calls_of("allocate", wal)) == 1) is asked_again  # only non-failed calls
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="deferq"), open_disk(storage) as disk:
+        assert ids(disk) == ["a", "b"]
+    assert corruption_warnings(caplog) == []
+
+
+@pytest.mark.spec("R-@L", "D-14")
+def test_the_end_of_the_records_is_found_across_read_chunks(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    records = encode_add("a", None, b"a") + b"torn"
+    for zeros in (0, 1, READ_CHUNK_BYTES - 1, READ_CHUNK_BYTES, 3 * READ_CHUNK_BYTES + 7):
+        for head in (b"", records):
+            path.write_bytes(head + bytes(zeros))
+            env = OsEnv()
+            fd = env.open(str(path), OpenFlag.READ)
+            try:
+                assert records_end(env, fd, env.fstat(fd).size) == len(head), (zeros, head)
+            finally:
+                env.close(fd)
 
 
 @pytest.mark.spec("A-6")

@@ -175,7 +175,7 @@ def test_tail_cut_is_just_after_the_last_newline_of_the_chunk(
 
 
 def test_recovery_table_has_the_labels_of_the_spec_in_order() -> None:
-    assert [rule.label for rule in RECOVERY_TABLE] == [f"R-@{c}" for c in "ABCDEFGHIJK"]
+    assert [rule.label for rule in RECOVERY_TABLE] == [f"R-@{c}" for c in "ABCDEFGHIJKL"]
     labels = {rule.label for rule in RECOVERY_TABLE}
     assert {fault.value for fault in LineFault} <= labels
 

@@ -76,14 +76,16 @@ class Observation:
         return sum(f.damaged for f in self.files)
 
 
-def _lines(path: str) -> tuple[list[RawLine], int]:
+def _lines(path: str, *, wal: bool) -> tuple[list[RawLine], int]:
+    """The lines of a file, and the size they span: for a WAL file the NUL bytes it ends
+    with are its reserved space, not lines (R-@L, W-25)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    size = len(data.rstrip(b"\0")) if wal else len(data)
     splitter = ForwardLines()
     out: list[RawLine] = []
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            size += len(chunk)
-            out.extend(splitter.feed(chunk))
+    for start in range(0, size, _CHUNK):
+        out.extend(splitter.feed(data[start:min(size, start + _CHUNK)]))
     tail = splitter.finish()
     if tail is not None:
         out.append(tail)
@@ -117,7 +119,7 @@ def observe(path: str, prefix: str) -> Observation:
 
 
 def _observe_wal(obs: Observation, name: str, full: str) -> None:
-    lines, size = _lines(full)
+    lines, size = _lines(full, wal=True)
     replay = WalReplay()
     damaged = 0
     for raw in lines:
@@ -132,7 +134,7 @@ def _observe_wal(obs: Observation, name: str, full: str) -> None:
 
 
 def _observe_dead(obs: Observation, name: str, full: str) -> None:
-    lines, size = _lines(full)
+    lines, size = _lines(full, wal=False)
     latest: dict[str, bytes] = {}
     damaged = records = 0
     for raw in lines:

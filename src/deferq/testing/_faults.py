@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from deferq.testing._simdisk import SimDisk
 
 IO_OPS: Final = frozenset({
-    "open", "pread", "write", "fsync", "ftruncate", "fstat", "close", "flock_exclusive_nb",
-    "flock_unlock", "rename", "unlink", "makedirs", "listdir", "fsync_dir",
+    "open", "pread", "write", "fsync", "ftruncate", "allocate", "seek", "fstat", "close",
+    "flock_exclusive_nb", "flock_unlock", "rename", "unlink", "makedirs", "listdir", "fsync_dir",
 })
 
 
@@ -104,7 +104,8 @@ _ALLOWED_OPS: Final[dict[type, frozenset[str]]] = {
     ShortWrite: frozenset({"write"}),
     FsyncEio: frozenset({"fsync"}),
     LyingFsync: frozenset({"fsync", "fsync_dir"}),
-    Enospc: frozenset({"open", "write", "ftruncate", "rename", "makedirs", "fsync", "fsync_dir"}),
+    Enospc: frozenset({"open", "write", "ftruncate", "allocate", "rename", "makedirs", "fsync",
+                       "fsync_dir"}),
 }
 
 

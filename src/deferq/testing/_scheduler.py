@@ -318,6 +318,7 @@ class ScheduledEnv:
     def __init__(self, scheduler: Scheduler, env: Env) -> None:
         self._scheduler = scheduler
         self.inner = env
+        self.reserve_bytes = env.reserve_bytes
 
     def _point(self, op: str) -> None:
         self._scheduler.checkpoint(op)
@@ -342,6 +343,14 @@ class ScheduledEnv:
     def ftruncate(self, fd: int, size: int) -> None:
         self._point("ftruncate")
         self.inner.ftruncate(fd, size)
+
+    def allocate(self, fd: int, offset: int, length: int) -> None:
+        self._point("allocate")
+        self.inner.allocate(fd, offset, length)
+
+    def seek(self, fd: int, offset: int) -> None:
+        self._point("seek")
+        self.inner.seek(fd, offset)
 
     def fstat(self, fd: int) -> FileStat:
         self._point("fstat")

@@ -36,6 +36,7 @@ class TracingEnv:
 
     def __init__(self, inner: SimEnv, trace: list[Call]) -> None:
         self.inner = inner
+        self.reserve_bytes = inner.reserve_bytes
         self._trace = trace
         self._pid = inner.getpid()
 
@@ -67,6 +68,14 @@ class TracingEnv:
     def ftruncate(self, fd: int, size: int) -> None:
         self._rec("ftruncate", self._fd_path(fd))
         self.inner.ftruncate(fd, size)
+
+    def allocate(self, fd: int, offset: int, length: int) -> None:
+        self._rec("allocate", self._fd_path(fd), length)
+        self.inner.allocate(fd, offset, length)
+
+    def seek(self, fd: int, offset: int) -> None:
+        self._rec("seek", self._fd_path(fd))
+        self.inner.seek(fd, offset)
 
     def fstat(self, fd: int) -> _FileStat:
         self._rec("fstat", self._fd_path(fd))
