@@ -253,7 +253,24 @@ class DeadTaskStore:
 
         ``task`` was validated by the caller.
         """
-        request = _AddRequest(encode_dead(task))  # Implements S-4: serialize before locking.
+        line = encode_dead(task)  # Implements S-4: serialize before locking.
+        with self._mutex:
+            # Implements S-14. A caller that finds no leader and nothing queued leads at once
+            # with its own line as the first batch: no request to hand over, its error is
+            # its own (the usual case, one thread adding).
+            solo = not self._leading and not self._queue
+            if solo:
+                self._leading = True
+        if solo:
+            try:
+                self._lead_adds(line)
+            finally:
+                self._end_lead()
+            return task.id
+        return self._add_queued(_AddRequest(line), task.id)
+
+    def _add_queued(self, request: _AddRequest, task_id: str) -> str:
+        """S-14 with a leader at work or lines queued: queue, then wait or lead."""
         cond = self._cond
         with self._mutex:
             self._queue.append(request)
@@ -272,10 +289,7 @@ class DeadTaskStore:
             try:
                 self._lead_adds()
             finally:
-                with self._mutex:
-                    self._leading = False
-                    if self._waiting:  # a notify costs microseconds; nobody may be waiting
-                        cond.notify_all()
+                self._end_lead()
         error = request.error
         if error is not None:
             if request.committer == threading.get_ident():
@@ -285,20 +299,39 @@ class DeadTaskStore:
             clone = copy.copy(error)
             clone.__cause__ = error.__cause__
             raise clone
-        return task.id
+        return task_id
 
-    def _lead_adds(self) -> None:
+    def _end_lead(self) -> None:
+        """The leader is done: a waiting caller (if any) may lead next (S-14)."""
+        with self._mutex:
+            self._leading = False
+            if self._waiting:  # a notify costs microseconds; nobody may be waiting
+                self._cond.notify_all()
+
+    def _lead_adds(self, first: bytes | None = None) -> None:
         """Implements S-14: take the locks, then commit the queued lines in rounds.
 
+        ``first`` is the leader's own line when it queued none (``add``'s solo case):
+        it is the first round's batch, alone, and a failure to write it is raised
+        here after the locks are released, as a failed batch fails its callers.
         If the locks cannot be taken (L-3) or the store refuses work, every line still
         queued fails with that error, none of it written; the exception propagates.
         """
         cond = self._cond
         mutex = self._mutex
         me = threading.get_ident()
+        first_error: BaseException | None = None
         try:
             with self._locked("add a task to"):
-                for _ in range(GROUP_COMMIT_ROUNDS_MAX):
+                rounds = GROUP_COMMIT_ROUNDS_MAX
+                if first is not None:
+                    rounds -= 1
+                    try:
+                        self._append_batch([first])
+                    except BaseException as exc:  # raised once the locks are released
+                        first_error = exc
+                        rounds = 0
+                for _ in range(rounds):
                     with mutex:
                         batch, self._queue = self._queue, []
                         for queued in batch:
@@ -328,6 +361,8 @@ class DeadTaskStore:
                     queued.finished = True
                 cond.notify_all()
             raise
+        if first_error is not None:
+            raise first_error
 
     def _append_batch(self, lines: list[bytes]) -> None:
         """One write and one fsync for every line of a group (S-4, S-14), under the locks."""
@@ -569,8 +604,13 @@ class DeadTaskStore:
         self._env.ftruncate(self._lock_fd, 0)
 
     def _settle_compaction(self) -> None:
-        """Implements S-9: finish the directory fsync of a compaction whose process died."""
-        if self._env.fstat(self._lock_fd).size != 0:
+        """Implements S-9: finish the directory fsync of a compaction whose process died.
+
+        The mark is the lock file's size, 0 or ``COMPACTION_MARK_BYTES``: a read of its
+        first byte tells the two apart in one system call, like an fstat, without
+        building a stat result (about 9k instructions, 5 % of a dead-task add).
+        """
+        if self._env.pread(self._lock_fd, COMPACTION_MARK_BYTES, 0):
             log.warning("a compaction of %s ended before its rename was made durable; "
                         "fsyncing the directory now", self._data)
             self._fsync_dir_after_rename()

@@ -372,13 +372,16 @@ def encode_dead(task: DeadTask) -> bytes:
     if type(attempts) is not int or type(enqueued_at) is not int or type(failed_at) is not int:
         return _encode_dead_json(task)
     q = _json_str
-    text = (f'{{"id":{q(task.id)},"task_class":{q(task.task_class)},"attempts":{attempts},'
-            f'"enqueued_at":{enqueued_at},"failed_at":{failed_at},'
+    task_id = task.id
+    # The body as one text, encoded once: the JSON part is ASCII, so its UTF-8 is the
+    # ASCII of F-10, and the id's is the id's UTF-8.
+    body = (f'dead_task:{task_id}:{{"id":{q(task_id)},"task_class":{q(task.task_class)},'
+            f'"attempts":{attempts},"enqueued_at":{enqueued_at},"failed_at":{failed_at},'
             f'"exception_class":{q(task.exception_class)},'
             f'"exception_message":{q(task.exception_message)},'
             f'"backtrace":[{",".join(map(q, task.backtrace))}],'
-            f'"context":"{b2a_base64(task.context, newline=False).decode("ascii")}"}}')
-    body = b"dead_task:" + task.id.encode("utf-8") + b":" + text.encode("ascii")
+            f'"context":"{b2a_base64(task.context, newline=False).decode("ascii")}"}}'
+            ).encode("utf-8")
     return b"%08x:%b\n" % (crc32(body), body)
 
 

@@ -107,6 +107,34 @@ def exception_backtrace(exception: BaseException) -> tuple[str, ...]:
     return tuple(frames)
 
 
+def dead_task_for(task_id: str, context: bytes, exception: BaseException, task_class: str,
+                  attempts: int, failed_at: int) -> DeadTask:
+    """The dead task ``Disk.add_dead_task`` stores, checked against F-12.
+
+    The arguments passed ``add_dead_task``'s checks (a valid id, a context and a
+    non-empty ``task_class`` within their limits, ``attempts`` >= 0).
+
+    Raises:
+        ValueError: the task breaks an F-12 limit (a lone surrogate in ``task_class``,
+            a clock before the epoch).
+    """
+    task = dead_task_of(  # DeadTask(id=task_id, task_class=task_class, ...), cheaper (F-10)
+        task_id, task_class, attempts, id_seed(task_id), failed_at,
+        exception_class_name(exception),
+        _clip(_safe_str(exception), EXCEPTION_MESSAGE_CHARS_MAX),
+        exception_backtrace(exception), context)
+    # F-12 holds by construction when task_class is ASCII and the clock is past the epoch:
+    # the id, context, task_class and attempts were checked by the caller, enqueued_at is
+    # id_seed's (>= 0), and the exception's class, message and frames are cut to their
+    # limits with every lone surrogate escaped (_clip, exception_backtrace); a property
+    # test checks it. Only the other cases pay for dead_problem's full walk.
+    if not (task_class.isascii() and failed_at >= 0):
+        problem = dead_problem(task)
+        if problem is not None:
+            raise ValueError(f"dead task {task_id!r} cannot be stored: {problem}")
+    return task
+
+
 class Disk:
     """Durable storage in a directory: this worker's tasks WAL and the shared dead-task store.
 
@@ -224,14 +252,7 @@ class Disk:
             raise LimitExceededError(f"task_class must be at most {TASK_CLASS_BYTES_MAX} bytes")
         count = _check_count("attempts", attempts, allow_none=False)
         assert count is not None
-        task = dead_task_of(  # DeadTask(id=tid, task_class=task_class, ...), cheaper (F-10)
-            tid, task_class, count, id_seed(tid), int(self._env.time()),
-            exception_class_name(exception),
-            _clip(_safe_str(exception), EXCEPTION_MESSAGE_CHARS_MAX),
-            exception_backtrace(exception), data)
-        problem = dead_problem(task)
-        if problem is not None:
-            raise ValueError(f"dead task {tid!r} cannot be stored: {problem}")
+        task = dead_task_for(tid, data, exception, task_class, count, int(self._env.time()))
         return self._dead.add(task)
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
