@@ -21,7 +21,7 @@ from typing import Final
 EXT4_IOC_SHUTDOWN: Final = 0x8004587D  # _IOR('X', 125, __u32); the same number as XFS_IOC_GOINGDOWN
 SHUTDOWN_NOLOGFLUSH: Final = 2  # flush neither data nor journal: a power cut
 NAMESPACE_ENV: Final = "DEFERQ_POWER_NAMESPACE"
-IMAGE_MIB: Final = 96
+IMAGE_MIB: Final = 512  # sparse: only what the run writes uses host disk
 TOOLS: Final = ("mkfs.ext4", "mount", "umount", "losetup", "unshare")
 
 
