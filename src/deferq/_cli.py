@@ -21,8 +21,7 @@ from deferq.backends import Disk
 def _show_files(path: str) -> None:
     print(f"  files in {path}:")
     for name in sorted(os.listdir(path)):
-        size = os.path.getsize(os.path.join(path, name))
-        print(f"    {name:<48} {size:>7} bytes")
+        print(f"    {name:<48} {_cli_ops.file_size_text(os.path.join(path, name))}")
 
 
 class _Failure(Exception):

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Iterable
 
 from deferq._deadstore import DeadTaskStore
-from deferq._format import check_task_id
+from deferq._format import check_task_id, is_wal_file_name
 from deferq._limits import DEFAULT_PATH, DEFAULT_PREFIX
 from deferq._operator import Operator, dead_stats, scan_pending
 from deferq._options import check_path, check_prefix
@@ -62,6 +62,17 @@ class DeadStoreView:
     def close(self) -> None:
         self._store.close()
 
+
+
+def file_size_text(path: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """A file's size for people: for a WAL file, its records and the space reserved after them
+    (W-25, R-@L), so that 1 MiB of reserved zeros does not read as 1 MiB of tasks."""
+    size = os.path.getsize(path)
+    if not is_wal_file_name(prefix, os.path.basename(path)):
+        return f"{size:>7} bytes"
+    with open(path, "rb") as f:
+        records = len(f.read().rstrip(b"\0"))
+    return f"{records:>7} bytes (+{size - records} reserved)"
 
 def _storage(args: argparse.Namespace) -> tuple[str, str]:
     return (check_path(getattr(args, "path", DEFAULT_PATH)),

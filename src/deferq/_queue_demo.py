@@ -22,6 +22,7 @@ from deferq._cli_ops import (
     dead_remove,
     dead_retry,
     dead_show,
+    file_size_text,
     pending_list,
 )
 from deferq.backends import Disk
@@ -88,7 +89,7 @@ class _OneLine(logging.Formatter):
 def _show_files(path: str) -> None:
     print(f"   files in {path}:")
     for file in sorted(Path(path).iterdir()):
-        print(f"     {file.name:<46} {file.stat().st_size:>6} bytes")
+        print(f"     {file.name:<46} {file_size_text(str(file))}")
 
 
 def _args(path: str, **values: object) -> argparse.Namespace:

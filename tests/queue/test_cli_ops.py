@@ -18,6 +18,8 @@ import pytest
 
 from deferq import Operator
 from deferq._cli import main
+from deferq._cli_ops import file_size_text
+from deferq._format import encode_add
 from deferq._serialize import Context, decode_context, encode_context
 from deferq.backends import Disk
 from tests.queue.helpers import RecordingBackend
@@ -208,3 +210,17 @@ def test_queue_demo_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         assert [decode_context(t.context).task for t in disk.pending_tasks()] == [
             "demo.MonthlyReport"]
         assert disk.list_dead_tasks() == []
+
+
+@pytest.mark.spec("W-25")
+def test_file_sizes_shown_to_people_split_a_wal_files_records_from_its_reserved_space(
+        tmp_path: Path) -> None:
+    with Disk(path=tmp_path, fsync_frequency=0) as disk:
+        disk.add_task(b"x", task_id="t")
+    (wal,) = [p for p in tmp_path.iterdir() if p.name.startswith("deferred-0-")]
+    records = len(encode_add("t", None, b"x"))
+    assert wal.stat().st_size > records
+    assert file_size_text(str(wal)) == (
+        f"{records:>7} bytes (+{wal.stat().st_size - records} reserved)")
+    lock = tmp_path / "deferred-dead_tasks.lock"
+    assert file_size_text(str(lock)) == "      0 bytes"
