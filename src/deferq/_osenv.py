@@ -22,6 +22,7 @@ from deferq._limits import WAL_RESERVE_BYTES
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _OS_BITS: dict[int, int] = {}  # OpenFlag value -> os.O_* bits
 _monotonic: Callable[[], float] = time.monotonic
+_posix_fallocate: Callable[[int, int, int], None] | None = getattr(os, "posix_fallocate", None)
 
 # The process id, refreshed in every child of os.fork() (including multiprocessing's fork start
 # method): the storage engine compares it on every operation to refuse use from a forked child
@@ -103,7 +104,9 @@ class OsEnv:
         os.ftruncate(fd, size)
 
     def allocate(self, fd: int, offset: int, length: int) -> None:
-        os.posix_fallocate(fd, offset, length)
+        if _posix_fallocate is None:  # macOS has no posix_fallocate: the WAL stops asking (W-25)
+            raise OSError(errno.EOPNOTSUPP, "posix_fallocate is not available on this system")
+        _posix_fallocate(fd, offset, length)
 
     def seek(self, fd: int, offset: int) -> None:
         os.lseek(fd, offset, os.SEEK_SET)

@@ -879,6 +879,23 @@ def test_a_failed_reservation_never_fails_the_write(
     assert corruption_warnings(caplog) == []
 
 
+@pytest.mark.spec("W-25")
+def test_without_posix_fallocate_the_wal_grows_as_it_writes(
+        storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import deferq._osenv  # noqa: PLC0415 - the module whose capability is taken away
+
+    monkeypatch.setattr(deferq._osenv, "_posix_fallocate", None)  # as on macOS
+    env = RecordingEnv()
+    with open_disk(storage, env, f=0) as disk:
+        wal = only_wal(storage)
+        for name in ("a", "b", "c"):
+            disk.add_task(name.encode(), task_id=name)
+        assert len(env.calls_of("allocate", str(wal))) == 1  # refused once, then never asked
+        assert wal.read_bytes() == b"".join(encode_add(t, None, t.encode()) for t in "abc")
+    with open_disk(storage) as disk:
+        assert ids(disk) == ["a", "b", "c"]
+
+
 @pytest.mark.spec("R-@L", "D-14")
 def test_the_end_of_the_records_is_found_across_read_chunks(tmp_path: Path) -> None:
     path = tmp_path / "f"
