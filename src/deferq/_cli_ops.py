@@ -311,14 +311,16 @@ def verify(args: argparse.Namespace) -> int:
     reports = verify_directory(OS_ENV, path, prefix)
     if args.json:
         print(json.dumps([{"file": r.name, "kind": r.kind, "bytes": r.size_bytes,
+                           "reserved_bytes": r.reserved_bytes,
                            "records": r.records, "faults": r.faults,
                            "torn_tail_bytes": r.torn_tail_bytes} for r in reports], indent=2))
     else:
         for r in reports:
             faults = ", ".join(f"{label} x{n}" for label, n in sorted(r.faults.items())) or "none"
             torn = f" (torn tail {r.torn_tail_bytes} bytes)" if r.torn_tail_bytes else ""
-            print(f"{r.kind:<4} {r.name}: {r.size_bytes} bytes, {r.records} records, "
-                  f"damage: {faults}{torn}")
+            reserved = f" (+{r.reserved_bytes} reserved)" if r.reserved_bytes else ""
+            print(f"{r.kind:<4} {r.name}: {r.size_bytes - r.reserved_bytes} bytes{reserved}, "
+                  f"{r.records} records, damage: {faults}{torn}")
     damaged = [r for r in reports if r.damaged]
     print(f"verify: files={len(reports)} records={sum(r.records for r in reports)} "
           f"damaged_files={len(damaged)}")

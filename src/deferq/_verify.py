@@ -34,6 +34,7 @@ class FileReport:
     name: str
     kind: str  # "wal" or "dead"
     size_bytes: int = 0
+    reserved_bytes: int = 0  # a WAL file's space reserved after its records (W-25, R-@L)
     records: int = 0
     faults: dict[str, int] = field(default_factory=dict)
     torn_tail_bytes: int = 0
@@ -58,6 +59,7 @@ def verify_file(env: Env, path: str, name: str, kind: str) -> FileReport | None:
         report.size_bytes = env.fstat(fd).size
         # R-@L: a WAL file's reserved space (W-25) is neither records nor damage.
         end = records_end(env, fd, report.size_bytes) if kind == "wal" else report.size_bytes
+        report.reserved_bytes = report.size_bytes - end
         for raw in lines_forward(env, fd, end):
             data, faults = line_body(raw)
             for fault in faults:

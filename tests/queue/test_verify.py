@@ -16,7 +16,7 @@ import pytest
 from deferq._cli import main
 from deferq._format import encode_rem, frame
 from deferq.backends import Disk
-from tests.fsenv import append_to_wal
+from tests.fsenv import append_to_wal, wal_size
 
 
 def files(storage: Path) -> dict[str, bytes]:
@@ -31,7 +31,7 @@ def populate(storage: Path) -> str:
         return keep
 
 
-@pytest.mark.spec("Q-17")
+@pytest.mark.spec("Q-17", "W-25")
 def test_verify_of_clean_storage_exits_zero_and_changes_nothing(
         storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
     populate(storage)
@@ -39,6 +39,10 @@ def test_verify_of_clean_storage_exits_zero_and_changes_nothing(
     assert main(["verify", "--path", str(storage)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[-1] == "verify: files=2 records=4 damaged_files=0"
+    (wal,) = [p for p in storage.iterdir() if p.name.startswith("deferred-0-")]
+    records, reserved = wal_size(wal), wal.stat().st_size - wal_size(wal)
+    assert (f"wal  {wal.name}: {records} bytes (+{reserved} reserved), 3 records, damage: none"
+            in out.splitlines())  # the records' size, not the reserved space (W-25)
     assert files(storage) == before
 
 
@@ -61,6 +65,9 @@ def test_verify_counts_each_kind_of_damage_and_exits_four(
     assert by_kind["wal"]["faults"] == {"R-@B": 1, "R-@C": 1, "R-@F": 1}
     assert by_kind["wal"]["torn_tail_bytes"] == 4
     assert by_kind["wal"]["records"] == 3
+    wal_file = storage / by_kind["wal"]["file"]
+    assert by_kind["wal"]["reserved_bytes"] == wal_file.stat().st_size - wal_size(wal_file) > 0
+    assert by_kind["dead"]["reserved_bytes"] == 0
     assert by_kind["dead"]["faults"] == {"R-@G": 1} and by_kind["dead"]["records"] == 1
     assert out.splitlines()[-1] == "verify: files=2 records=4 damaged_files=2"
     assert files(storage) == before
