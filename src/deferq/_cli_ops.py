@@ -27,7 +27,9 @@ import sys
 from collections.abc import Iterable
 
 from deferq._deadstore import DeadTaskStore
+from deferq._env import OpenFlag
 from deferq._format import check_task_id, is_wal_file_name
+from deferq._io import records_end
 from deferq._limits import DEFAULT_PATH, DEFAULT_PREFIX
 from deferq._operator import Operator, dead_stats, scan_pending
 from deferq._options import check_path, check_prefix
@@ -70,8 +72,11 @@ def file_size_text(path: str, prefix: str = DEFAULT_PREFIX) -> str:
     size = os.path.getsize(path)
     if not is_wal_file_name(prefix, os.path.basename(path)):
         return f"{size:>7} bytes"
-    with open(path, "rb") as f:
-        records = len(f.read().rstrip(b"\0"))
+    fd = OS_ENV.open(path, OpenFlag.READ)
+    try:
+        records = records_end(OS_ENV, fd, size)  # the readers' own rule, reading the tail only
+    finally:
+        OS_ENV.close(fd)
     return f"{records:>7} bytes (+{size - records} reserved)"
 
 def _storage(args: argparse.Namespace) -> tuple[str, str]:
