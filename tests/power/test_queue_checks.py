@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from deferq._model import Dead, Pending
+from deferq._model import Crash, Dead, Pending
 from deferq._power._check import Ledger, Observation
 from deferq._power._qcheck import QueueLedger
 from deferq._power._queue_roles import ALWAYS_FAIL_MAX_RETRIES, AlwaysFail, Succeed
@@ -176,3 +176,65 @@ def test_a_storage_error_logged_by_the_queue_outside_a_crash_is_a_violation() ->
     ledger.expect_errors = True
     feed(ledger, [{"e": "L", "x": "OSError", "m": "EIO after the cut"}])
     assert len(ledger.violations) == 1
+
+
+# ----------------------------------------------------------------------------- dead-store judgement
+
+W, OP = "w0#1", "op0#1"
+
+
+def dead_write(seq: int, task_id: str, t: float) -> Event:
+    return {"e": "I", "s": seq, "k": "dead", "t": t, "id": task_id, "h": "hd", "c": "C", "n": 1,
+            "m": "gave up"}
+
+
+def dead_removal(seq: int, task_id: str, t: float) -> Event:
+    return {"e": "I", "s": seq, "k": "rdead", "t": t, "ids": [task_id]}
+
+
+def returned(seq: int, t: float, **fields: object) -> Event:
+    return {"e": "A", "s": seq, "t": t, **fields}
+
+
+@pytest.mark.spec("D-7")
+def test_a_lost_acknowledged_dead_task_is_a_violation_that_shows_its_events() -> None:
+    ledger = Ledger()
+    ledger.on_event(W, dead_write(1, "X", 1.0))
+    ledger.on_event(W, returned(1, 1.5))
+    found = ledger.check(Observation(), Crash.PROCESS_KILL, "cycle 1")
+    assert len(found) == 1 and "dead-task store task 'X': recovered None" in found[0]
+    # The events of the id since the last check come with it, to analyse one sighting.
+    assert f"{W} I dead s=1 t=1.0" in found[0] and f"{W} A dead s=1 t=1.5" in found[0]
+
+
+@pytest.mark.spec("D-7", "D-9", "D-11")
+def test_a_removal_overlapping_a_dead_write_of_the_same_id_may_land_last() -> None:
+    # Issued in one order, the two calls overlapped: the lock may have gone either way.
+    ledger = Ledger()
+    ledger.on_event(OP, dead_removal(1, "X", 1.0))
+    ledger.on_event(W, dead_write(1, "X", 1.2))
+    ledger.on_event(W, returned(1, 1.4))
+    ledger.on_event(OP, returned(1, 1.6, n=1))
+    assert ledger.check(Observation(), Crash.PROCESS_KILL, "cycle 1") == []
+    assert ledger.reordered == 1
+
+
+@pytest.mark.spec("D-7", "D-9")
+def test_a_removal_that_returned_before_a_dead_write_began_cannot_undo_it() -> None:
+    ledger = Ledger()
+    ledger.on_event(OP, dead_removal(1, "X", 1.0))
+    ledger.on_event(OP, returned(1, 1.1, n=0))
+    ledger.on_event(W, dead_write(1, "X", 1.2))
+    ledger.on_event(W, returned(1, 1.4))
+    found = ledger.check(Observation(), Crash.PROCESS_KILL, "cycle 1")
+    assert len(found) == 1 and f"{OP} A rdead s=1 t=1.1 removed=0" in found[0]
+
+
+@pytest.mark.spec("D-9", "D-11")
+def test_a_removal_in_flight_when_its_process_died_may_have_landed_after_a_later_write() -> None:
+    ledger = Ledger()
+    ledger.on_event(OP, dead_removal(1, "X", 1.0))
+    ledger.on_event(W, dead_write(1, "X", 1.2))
+    ledger.on_event(W, returned(1, 1.4))
+    ledger.forget(OP)
+    assert ledger.check(Observation(), Crash.PROCESS_KILL, "cycle 1") == []

@@ -204,6 +204,9 @@ class Ledger:
         # their events reached the harness in.
         self._dead_acked: dict[str, list[tuple[float, float, Outcome]]] = {}
         self.reordered = 0
+        # id -> the dead-store events of that id since the last check, printed with a
+        # dead-store violation so that one sighting in a long soak can be analysed.
+        self._dead_trace: dict[str, list[str]] = {}
         self.hit: dict[str, int] = {}  # operations in flight when a crash struck, by kind
         # Called with (incarnation, id, digest) when an add whose acknowledgement never
         # arrived is bound to the id the engine chose (the queue checks follow it too).
@@ -218,6 +221,9 @@ class Ledger:
         elif kind == "A":
             self._on_ack(incarnation, event)
         elif kind in ("F", "X"):
+            failed = self._ops.get((incarnation, int(str(event.get("s", -1)))))
+            if failed is not None and failed.kind in ("dead", "rdead"):
+                self._trace(incarnation, event, failed.kind, failed.fields)
             name = _str(event["x"]) if kind == "F" else f"exit on {_str(event['x'])}"
             self.failures[name] = self.failures.get(name, 0) + 1
             if event.get("bug"):
@@ -245,7 +251,9 @@ class Ledger:
         elif kind == "rem":
             model_op = model.remove_task(inc, _str(event["id"]))
             self._writes[(inc, seq)] = model.wal[_str(event["id"])].writes[-1]
-        elif kind == "dead":
+        if kind in ("dead", "rdead"):
+            self._trace(inc, event, kind)
+        if kind == "dead":
             n = event["n"]
             assert isinstance(n, int)
             model_op = model.add_dead(_str(event["id"]), Dead(
@@ -305,6 +313,7 @@ class Ledger:
             if not 0 <= n <= len(set(ids)):
                 self.violations.append(f"remove_dead_tasks({ids}) returned {n}")
         if op.kind in ("dead", "rdead"):
+            self._trace(inc, event, op.kind, op.fields)
             issued_at, returned_at = op.fields.get("t"), event.get("t")
             if isinstance(issued_at, float) and isinstance(returned_at, float):
                 ids = op.fields.get("ids") or [op.fields["id"]]
@@ -403,8 +412,11 @@ class Ledger:
             if self._reordered(violation.task_id, violation.observed):
                 self.reordered += 1
             else:
-                found.append(f"{label}: {violation}")
+                trace = self._dead_trace.get(violation.task_id, ["(none since the last check)"])
+                found.append(f"{label}: {violation}; its dead-store events since the last check:"
+                             + "".join(f"\n    {line}" for line in trace))
         self._dead_acked.clear()
+        self._dead_trace.clear()
         self._writes.clear()
         self._unknown.clear()
         self._holders.clear()
@@ -413,6 +425,23 @@ class Ledger:
         self.cut_at = None
         self.violations += found
         return found
+
+    def _trace(self, inc: str, event: Event, kind: str, issued: Event | None = None) -> None:
+        """Note a dead-store issue (or, with ``issued``, its acknowledgement) per id."""
+        fields = issued if issued is not None else event
+        ids = fields.get("ids") or [fields.get("id")]
+        assert isinstance(ids, list)
+        line = f"{inc} {event['e']} {kind} s={event.get('s')} t={event.get('t')}"
+        if event["e"] == "F":
+            line += f" {event.get('x')}: {event.get('m')}"
+        if "n" in event and kind == "rdead":
+            line += f" removed={event['n']}"
+        if "g" in fields:
+            line += f" tag={fields['g']}"
+        if issued is None and len(ids) > 1:
+            line += f" ids={ids}"
+        for task_id in ids:
+            self._dead_trace.setdefault(str(task_id), []).append(line)
 
     def _count_hits(self, ops: list[_Op]) -> None:
         for op in ops:
@@ -433,6 +462,8 @@ class Ledger:
             for task_id in ids:
                 self._dead_acked.setdefault(_str(task_id), []).append(
                     (issued_at, math.inf, result))
+                self._dead_trace.setdefault(_str(task_id), []).append(
+                    f"{op.kind} issued at t={issued_at} was in flight at a crash")
 
     def _reordered(self, task_id: str, observed: Outcome) -> bool:
         """Whether ``observed`` is the result of an acknowledged dead-store write whose call
