@@ -94,7 +94,15 @@ class Queue:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._backlog = 0  # immediate tasks scheduled, not yet picked up
         self._inflight = 0  # executions running
-        self._work: set[asyncio.Task[None]] = set()  # immediate and running executions
+        # Immediate and running executions: a plain ``perform`` is a loop callback until it
+        # ran (``_soon``, by key); an async one, or the rest of a plain one that failed or
+        # returned an awaitable, is an asyncio task (``_work``). An asyncio task per
+        # execution would cost about 5 us more per task (docs/queue.md, "Execution").
+        self._work: set[asyncio.Task[None]] = set()
+        self._soon: dict[int, asyncio.Handle] = {}
+        self._soon_keys = itertools.count()
+        self._async_perform: dict[type[Task], bool] = {}
+        self._idle_waiters: list[asyncio.Future[None]] = []
         self._timers: set[asyncio.Task[None]] = set()  # delayed tasks waiting for their time
         self._local_ids = itertools.count(1)
         # Group commit (Q-20..Q-23): only for a power-safe Disk; other backends are called
@@ -123,8 +131,22 @@ class Queue:
 
     async def wait_idle(self) -> None:
         """Return when no immediate or running work is left (delayed tasks may remain)."""
-        while self._work:
-            await asyncio.wait(set(self._work))
+        while self._work or self._soon:
+            await self._idle_waiter()
+
+    def _idle_waiter(self) -> asyncio.Future[None]:
+        """A future resolved the next time no immediate or running work is left."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._idle_waiters.append(waiter)
+        return waiter
+
+    def _maybe_idle(self) -> None:
+        """An execution ended: wake the idle waiters if it was the last piece of work."""
+        if self._idle_waiters and not self._work and not self._soon:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -150,6 +172,9 @@ class Queue:
         for timer in self._timers:
             timer.cancel()
         finished = await self._wait_work(wait_s)
+        for handle in self._soon.values():
+            handle.cancel()  # plain executions that never began: they stay in the WAL
+        self._soon.clear()
         leftovers = set(self._work) | set(self._timers)
         for job in leftovers:
             job.cancel()
@@ -165,15 +190,15 @@ class Queue:
         return finished
 
     async def _wait_work(self, timeout_s: float) -> bool:
-        if not self._work:
+        if not self._work and not self._soon:
             return True
         deadline = asyncio.ensure_future(self.clock.sleep(timeout_s))
         try:
-            while self._work:
-                await asyncio.wait(set(self._work) | {deadline},
-                                   return_when=asyncio.FIRST_COMPLETED)
+            while self._work or self._soon:
+                idle = self._idle_waiter()
+                await asyncio.wait({idle, deadline}, return_when=asyncio.FIRST_COMPLETED)
                 if deadline.done():
-                    return not self._work
+                    return not self._work and not self._soon
             return True
         finally:
             deadline.cancel()
@@ -358,11 +383,20 @@ class Queue:
             self._spawn(task_id, context, cls, counted=True)
 
     def _spawn(self, task_id: str, context: Context, cls: type[Task], *, counted: bool) -> None:
-        assert self._loop is not None
-        # The job leaves ``_work`` from its own ``finally`` (a done callback would cost a
-        # second event-loop turn per execution); ``stop`` drops the ones it cancelled
-        # before they ever ran.
-        self._work.add(self._loop.create_task(self._run(task_id, context, cls, counted)))
+        loop = self._loop
+        assert loop is not None
+        is_async = self._async_perform.get(cls)
+        if is_async is None:
+            is_async = self._async_perform[cls] = inspect.iscoroutinefunction(
+                getattr(cls, "perform", None))
+        if is_async:
+            # The job leaves ``_work`` from its own ``finally`` (a done callback would cost
+            # a second event-loop turn per execution); ``stop`` drops the ones it cancelled
+            # before they ever ran.
+            self._work.add(loop.create_task(self._run(task_id, context, cls, counted)))
+        else:
+            key = next(self._soon_keys)
+            self._soon[key] = loop.call_soon(self._run_plain, key, task_id, context, cls, counted)
 
     async def _wait_then_run(self, task_id: str, context: Context, cls: type[Task],
                              publish_in: float) -> None:
@@ -371,25 +405,88 @@ class Queue:
             self._spawn(task_id, context, cls, counted=False)
 
     # ------------------------------------------------------------------ execution
-    async def _run(self, task_id: str, context: Context, cls: type[Task], counted: bool) -> None:
+    def _run_plain(self, key: int, task_id: str, context: Context, cls: type[Task],
+                   counted: bool) -> None:
+        """One execution of a plain ``perform``, as a loop callback (no asyncio task).
+
+        A success is removed here; a failure, or an awaitable returned by ``perform``,
+        continues in an asyncio task (``_finish``) like an async execution.
+        """
+        del self._soon[key]
+        if counted:
+            self._backlog -= 1
+        if self._state is not _State.RUNNING:
+            self._maybe_idle()
+            return  # stopping: stays in the WAL
+        self._inflight += 1
         try:
-            if counted:
-                self._backlog -= 1
-            if self._state is not _State.RUNNING:
-                return  # stopping: stays in the WAL
-            self._inflight += 1
+            instance, result, error = self._perform(task_id, context, cls)
+        except BaseException:  # KeyboardInterrupt, SystemExit: not a failed execution
+            self._inflight -= 1
+            self._maybe_idle()
+            raise
+        if error is not None or (result is not None and inspect.isawaitable(result)):
+            assert self._loop is not None
+            self._work.add(self._loop.create_task(
+                self._finish(task_id, context, cls, instance, result, error)))
+            return
+        try:
+            self._remove(task_id)
+        except Exception:  # noqa: BLE001 - storage errors must not stop the loop
+            log.exception("deferred task %s: storage error; it stays in the WAL", task_id)
+        finally:
+            self._inflight -= 1
+            self._maybe_idle()
+
+    async def _run(self, task_id: str, context: Context, cls: type[Task], counted: bool) -> None:
+        """One execution of an async ``perform``, as its own asyncio task."""
+        if counted:
+            self._backlog -= 1
+        if self._state is not _State.RUNNING:
+            self._job_done()
+            return  # stopping: stays in the WAL
+        self._inflight += 1
+        try:
+            instance, result, error = self._perform(task_id, context, cls)
+        except BaseException:  # KeyboardInterrupt, SystemExit: not a failed execution
+            self._inflight -= 1
+            self._job_done()
+            raise
+        await self._finish(task_id, context, cls, instance, result, error)
+
+    async def _finish(self, task_id: str, context: Context, cls: type[Task],
+                      instance: Task | None, result: object, error: Exception | None) -> None:
+        """The rest of an execution in its asyncio task: await the result, then one transition."""
+        try:
             try:
-                await self._execute(task_id, context, cls)
+                if error is None and result is not None and inspect.isawaitable(result):
+                    try:
+                        await result
+                    except Exception as exc:  # noqa: BLE001 - a failed execution
+                        error = exc
+                if error is not None:
+                    log.error("Deferred task failed with exception: %s (%s)",
+                              type(error).__name__, error, exc_info=error)
+                    await self._failed(task_id, context, cls, instance, error)
+                else:
+                    self._remove(task_id)
             except Exception:  # noqa: BLE001 - storage errors must not kill the loop's task
                 log.exception("deferred task %s: storage error; it stays in the WAL", task_id)
             finally:
                 self._inflight -= 1
         finally:
-            job = asyncio.current_task()
-            if job is not None:
-                self._work.discard(job)
+            self._job_done()
 
-    async def _execute(self, task_id: str, context: Context, cls: type[Task]) -> None:
+    def _job_done(self) -> None:
+        """The current asyncio task's execution ended: it leaves ``_work``."""
+        job = asyncio.current_task()
+        if job is not None:
+            self._work.discard(job)
+        self._maybe_idle()
+
+    def _perform(self, task_id: str, context: Context, cls: type[Task]
+                 ) -> tuple[Task | None, object, Exception | None]:
+        """Instantiate the task and call ``perform``: (instance or None, result, failure)."""
         instance: Task | None = None
         try:
             instance = cls()
@@ -398,15 +495,9 @@ class Queue:
             perform: object = getattr(instance, "perform")
             if not callable(perform):
                 raise TypeError(f"{cls.task_name}.perform is not callable")
-            result = perform(*context.args, **context.kwargs)
-            if result is not None and inspect.isawaitable(result):
-                await result
+            return instance, perform(*context.args, **context.kwargs), None
         except Exception as exc:  # noqa: BLE001 - any failure of the task is a failed execution
-            log.error("Deferred task failed with exception: %s (%s)", type(exc).__name__, exc,
-                      exc_info=exc)
-            await self._failed(task_id, context, cls, instance, exc)
-            return
-        self._remove(task_id)
+            return instance, None, exc
 
     async def _failed(self, task_id: str, context: Context, cls: type[Task],
                       instance: Task | None, exc: Exception) -> None:

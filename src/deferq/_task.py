@@ -20,12 +20,13 @@ Rules:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import random
 import types
-from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar, Final, Generic, ParamSpec, TypeVar, overload
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, ClassVar, Final, Generic, ParamSpec, TypeVar, cast, overload
 
 log = logging.getLogger("deferq.queue")
 
@@ -167,9 +168,14 @@ def _task_class_for(function: Callable[P, R], name: str | None, max_retries: obj
     def perform(self: Task, *args: P.args, **kwargs: P.kwargs) -> R:
         return function(*args, **kwargs)
 
+    # An async function's task gets an async ``perform``: the queue runs it as its own
+    # asyncio task from the start (a plain ``perform`` runs as a loop callback).
+    async def perform_async(self: Task, *args: P.args, **kwargs: P.kwargs) -> object:
+        return await cast("Awaitable[object]", function(*args, **kwargs))
+
     task_name = name if name is not None else f"{function.__module__}.{function.__qualname__}"
     namespace: dict[str, object] = {
-        "perform": perform,
+        "perform": perform_async if inspect.iscoroutinefunction(function) else perform,
         "max_retries": check_max_retries(max_retries),
         "__module__": function.__module__,
         "__qualname__": getattr(function, "__qualname__", task_name),

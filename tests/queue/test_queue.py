@@ -617,3 +617,105 @@ def test_enqueue_before_start_only_persists_and_start_runs_it() -> None:
         assert LOG == [("ok", (("early",), {}, 1, task_id))] and backend.wal == {}
 
     run(main())
+
+
+# ----------------------------------------------------------------------------- how executions run
+# (docs/queue.md: a plain perform is a loop callback, an async one its own asyncio task)
+
+
+class WhereAmI(deferq.Task, name="q.WhereAmI", registry=REG):
+    def perform(self) -> None:
+        LOG.append(("plain", asyncio.current_task()))
+
+
+class WhereAmIAsync(deferq.Task, name="q.WhereAmIAsync", registry=REG):
+    async def perform(self) -> None:
+        LOG.append(("async", asyncio.current_task()))
+
+
+@deferq.task(name="q.where_fn", registry=REG)
+async def where_fn() -> None:
+    LOG.append(("async fn", asyncio.current_task()))
+
+
+class ReturnsAwaitable(deferq.Task, name="q.ReturnsAwaitable", registry=REG):
+    max_retries = 0
+    fail = False
+
+    def perform(self) -> object:
+        async def rest() -> None:
+            await asyncio.sleep(0)
+            LOG.append(("awaited", self.attempt))
+            if ReturnsAwaitable.fail:
+                raise Boom("in the awaitable")
+        return rest()
+
+
+@pytest.mark.spec("Q-7")
+def test_plain_perform_runs_as_a_loop_callback_and_async_perform_in_its_own_task() -> None:
+    async def main() -> None:
+        backend = RecordingBackend()
+        queue = await started(backend, DrivenClock(), registry=REG)
+        ids = [queue.enqueue(WhereAmI), queue.enqueue(WhereAmIAsync), queue.enqueue(where_fn)]
+        await asyncio.wait_for(queue.wait_idle(), timeout=5)
+        assert [kind for kind, _ in LOG] == ["plain", "async", "async fn"]  # scheduling order
+        plain, in_task, fn_task = (where for _, where in LOG)
+        assert plain is None
+        assert in_task is not None and fn_task is not None and in_task is not fn_task
+        assert not any(task_id in backend.wal for task_id in ids)
+        assert queue.running == 0
+        await queue.stop()
+
+    run(main())
+
+
+@pytest.mark.spec("Q-7", "Q-8")
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_plain_perform_returning_an_awaitable_is_awaited_before_its_transition(fail: bool) -> None:
+    async def main() -> None:
+        ReturnsAwaitable.fail = fail
+        backend = RecordingBackend()
+        queue = await started(backend, DrivenClock(), registry=REG)
+        task_id = queue.enqueue(ReturnsAwaitable)
+        await asyncio.wait_for(queue.wait_idle(), timeout=5)
+        assert LOG == [("awaited", 1)]
+        assert task_id not in backend.wal
+        if fail:  # max_retries = 0: the failure inside the awaitable gives up at once
+            assert backend.dead[task_id].exception_message == "in the awaitable"
+            assert [c[0] for c in backend.calls if c[1] == task_id][-2:] == [
+                "add_dead_task:done", "remove_task"]
+        else:
+            assert backend.dead == {}
+        await queue.stop()
+
+    run(main())
+
+
+@pytest.mark.spec("Q-15")
+def test_stop_leaves_plain_executions_that_never_began_in_the_wal() -> None:
+    async def main() -> None:
+        backend = RecordingBackend()
+        queue = await started(backend, DrivenClock(), registry=REG)
+        ids = [queue.enqueue(Ok, n) for n in range(3)]  # scheduled: none has run yet
+        assert await queue.stop(timeout=0) is True
+        assert LOG == []
+        assert set(ids) <= set(backend.wal)
+        await settle()
+        assert LOG == [] and queue.running == 0
+
+    run(main())
+
+
+@pytest.mark.spec("Q-15")
+def test_stop_waits_for_a_failed_plain_execution_to_be_retried() -> None:
+    async def main() -> None:
+        backend = RecordingBackend()
+        queue = await started(backend, DrivenClock(), registry=REG)
+        task_id = queue.enqueue(AlwaysFails)
+        await asyncio.sleep(0)  # the callback ran; its retry continues in an asyncio task
+        assert LOG == [("fail", 1)]
+        assert await queue.stop(timeout=5) is True
+        assert decode_context(backend.wal[task_id].context).attempts == 1  # re-added, stays
+        assert queue.running == 0
+
+    run(main())
