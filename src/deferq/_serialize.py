@@ -23,7 +23,7 @@ import hmac
 import json
 import math
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -114,8 +114,66 @@ _FAST_DUMPS: Final = _make_fast_dumps() or _dumps
 _SCALARS: Final = frozenset({type(None), bool, int, str})
 
 
+# The scalar fast path of encode_context: json's own string encoder (C), and per task name
+# the record's text up to its args (a bounded cache: names come from registered tasks).
+_encode_str: Final = json.encoder.encode_basestring
+_RECORD_HEADS: dict[str, str] = {}
+_RECORD_HEADS_MAX: Final = 1024
+
+
+def _scalars_json(values: Iterable[object]) -> list[str] | None:
+    """The JSON text of each value if all are exact ``int``, ``str``, ``bool`` or None."""
+    out = []
+    for value in values:
+        kind = type(value)
+        if kind is int:
+            out.append(repr(value))  # what json's encoder writes for an exact int
+        elif kind is str and isinstance(value, str):  # (isinstance: for the type checker)
+            out.append(_encode_str(value))
+        elif value is None:
+            out.append("null")
+        elif kind is bool:
+            out.append("true" if value else "false")
+        else:
+            return None
+    return out
+
+
+def _encode_scalars(context: Context) -> str | None:
+    """The record's JSON text when every argument is a scalar ``_scalars_json`` takes
+    (and every keyword a plain ``str``), else None: the same text ``_FAST_DUMPS`` writes,
+    built without a dict, a list and the encoder's per-item calls."""
+    args = _scalars_json(context.args)
+    if args is None or type(context.attempts) is not int:
+        return None
+    kwargs = context.kwargs
+    if kwargs:
+        if not all(type(key) is str for key in kwargs):
+            return None
+        values = _scalars_json(kwargs.values())
+        if values is None:
+            return None
+        items = ",".join([f"{_encode_str(key)}:{value}"
+                          for key, value in zip(kwargs, values)])
+    else:
+        items = ""
+    head = _RECORD_HEADS.get(context.task)
+    if head is None:
+        head = f'{{"v":{CONTEXT_VERSION},"task":{_encode_str(context.task)},"args":['
+        if len(_RECORD_HEADS) < _RECORD_HEADS_MAX:
+            _RECORD_HEADS[context.task] = head
+    return f'{head}{",".join(args)}],"kwargs":{{{items}}},"attempts":{context.attempts}}}'
+
+
 def encode_context(context: Context) -> bytes:
     """The context's single-line JSON bytes; raises SerializationError for bad arguments."""
+    text = _encode_scalars(context)
+    if text is not None:
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate in a str argument
+            raise SerializationError(
+                f"an argument is not valid Unicode text: {exc.reason}") from None
     for index, arg in enumerate(context.args):
         if type(arg) not in _SCALARS:
             _check_value(arg, f"argument {index}")

@@ -67,3 +67,41 @@ def test_a_reference_cycle_is_refused_as_too_deep() -> None:
     cycle.append(cycle)
     with pytest.raises(SerializationError, match="nested more than"):
         encode_context(Context("t", (cycle,), {}, 0))
+
+
+_PLAIN_SCALARS = st.none() | st.booleans() | st.integers() | st.text()
+
+
+@pytest.mark.spec("Q-5")
+@settings(max_examples=300, deadline=None)
+@given(task=st.text(min_size=1), args=st.lists(_PLAIN_SCALARS, max_size=5),
+       kwargs=st.dictionaries(st.text(), _PLAIN_SCALARS, max_size=5),
+       attempts=st.integers(min_value=0, max_value=10**9))
+def test_the_scalar_fast_path_writes_exactly_what_json_dumps_writes(
+        task: str, args: list[object], kwargs: dict[str, object], attempts: int) -> None:
+    # Arguments that are all None, bool, int or str take encode_context's hand-built path.
+    context = Context(task, tuple(args), kwargs, attempts)
+    try:
+        expected = _json_dumps(context)
+    except UnicodeEncodeError:
+        with pytest.raises(SerializationError, match="not valid Unicode"):
+            encode_context(context)
+        return
+    assert encode_context(context) == expected
+    assert decode_context(expected) == context
+
+
+class _Int(int):
+    def __repr__(self) -> str:
+        return "not json"
+
+
+class _Str(str):
+    pass
+
+
+@pytest.mark.spec("Q-5")
+@pytest.mark.parametrize("value", [_Int(3), _Str("s"), 1.5, [1, "a"], {"k": None}])
+def test_values_off_the_scalar_path_still_encode_as_json_dumps_does(value: object) -> None:
+    for context in (Context("t", (1, value), {}, 0), Context("t", (), {"k": value, "j": 2}, 0)):
+        assert encode_context(context) == _json_dumps(context)
