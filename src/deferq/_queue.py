@@ -30,6 +30,8 @@ sections 3 and 4.7):
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextvars
 import datetime
 import enum
 import inspect
@@ -58,6 +60,9 @@ from deferq.backends import Disk
 log = logging.getLogger("deferq.queue")
 
 UNKNOWN_TASK_CLASS: Final = "<unknown>"
+
+# A plain execution waiting for _run_soon: the context it was scheduled in, its arguments.
+_Soon = tuple[contextvars.Context, str, Context, "type[Task]", bool]
 
 
 class _State(enum.Enum):
@@ -94,13 +99,14 @@ class Queue:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._backlog = 0  # immediate tasks scheduled, not yet picked up
         self._inflight = 0  # executions running
-        # Immediate and running executions: a plain ``perform`` is a loop callback until it
-        # ran (``_soon``, by key); an async one, or the rest of a plain one that failed or
-        # returned an awaitable, is an asyncio task (``_work``). An asyncio task per
-        # execution would cost about 5 us more per task (docs/queue.md, "Execution").
+        # Immediate and running executions. A plain ``perform`` waits in ``_soon`` (with
+        # the context it was scheduled in) for ``_run_soon``, one loop callback that runs
+        # every execution queued before it began; an async one, or the rest of a plain one
+        # that failed or returned an awaitable, is an asyncio task in ``_work``. An asyncio
+        # task, or a loop callback, per execution costs several us more (docs/queue.md).
         self._work: set[asyncio.Task[None]] = set()
-        self._soon: dict[int, asyncio.Handle] = {}
-        self._soon_keys = itertools.count()
+        self._soon: collections.deque[_Soon] = collections.deque()
+        self._soon_handle: asyncio.Handle | None = None
         self._async_perform: dict[type[Task], bool] = {}
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._timers: set[asyncio.Task[None]] = set()  # delayed tasks waiting for their time
@@ -172,9 +178,7 @@ class Queue:
         for timer in self._timers:
             timer.cancel()
         finished = await self._wait_work(wait_s)
-        for handle in self._soon.values():
-            handle.cancel()  # plain executions that never began: they stay in the WAL
-        self._soon.clear()
+        self._soon.clear()  # plain executions that never began: they stay in the WAL
         leftovers = set(self._work) | set(self._timers)
         for job in leftovers:
             job.cancel()
@@ -395,8 +399,9 @@ class Queue:
             # before they ever ran.
             self._work.add(loop.create_task(self._run(task_id, context, cls, counted)))
         else:
-            key = next(self._soon_keys)
-            self._soon[key] = loop.call_soon(self._run_plain, key, task_id, context, cls, counted)
+            self._soon.append((contextvars.copy_context(), task_id, context, cls, counted))
+            if self._soon_handle is None:
+                self._soon_handle = loop.call_soon(self._run_soon)
 
     async def _wait_then_run(self, task_id: str, context: Context, cls: type[Task],
                              publish_in: float) -> None:
@@ -405,14 +410,32 @@ class Queue:
             self._spawn(task_id, context, cls, counted=False)
 
     # ------------------------------------------------------------------ execution
-    def _run_plain(self, key: int, task_id: str, context: Context, cls: type[Task],
+    def _run_soon(self) -> None:
+        """The loop callback of plain executions: run those queued before it began, in order.
+
+        Each runs in the context it was scheduled in, as its own callback would. Ones
+        queued meanwhile wait for the next loop iteration, as new callbacks do.
+        """
+        self._soon_handle = None
+        soon = self._soon
+        run = self._run_plain
+        try:
+            for _ in range(len(soon)):
+                if not soon:
+                    break  # stop() dropped them
+                ctx, task_id, context, cls, counted = soon.popleft()
+                ctx.run(run, task_id, context, cls, counted)
+        finally:
+            if soon and self._soon_handle is None and self._loop is not None:
+                self._soon_handle = self._loop.call_soon(self._run_soon)
+
+    def _run_plain(self, task_id: str, context: Context, cls: type[Task],
                    counted: bool) -> None:
-        """One execution of a plain ``perform``, as a loop callback (no asyncio task).
+        """One execution of a plain ``perform``, in ``_run_soon`` (no asyncio task).
 
         A success is removed here; a failure, or an awaitable returned by ``perform``,
         continues in an asyncio task (``_finish``) like an async execution.
         """
-        del self._soon[key]
         if counted:
             self._backlog -= 1
         if self._state is not _State.RUNNING:

@@ -10,6 +10,7 @@ delays at once); tasks record what they see. No real sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime
 import json
 import threading
@@ -717,5 +718,30 @@ def test_stop_waits_for_a_failed_plain_execution_to_be_retried() -> None:
         assert await queue.stop(timeout=5) is True
         assert decode_context(backend.wal[task_id].context).attempts == 1  # re-added, stays
         assert queue.running == 0
+
+    run(main())
+
+
+REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("REQUEST", default="none")
+
+
+class SeesContext(deferq.Task, name="q.SeesContext", registry=REG):
+    def perform(self, n: int) -> None:
+        LOG.append(("sees", (n, REQUEST.get())))
+        REQUEST.set(f"changed by {n}")  # must not leak into the next execution
+
+
+@pytest.mark.spec("Q-7")
+def test_a_plain_perform_runs_in_a_copy_of_the_context_it_was_enqueued_in() -> None:
+    async def main() -> None:
+        backend = RecordingBackend()
+        queue = await started(backend, DrivenClock(), registry=REG)
+        for n, request in enumerate(("a", "b", "c")):
+            REQUEST.set(request)
+            queue.enqueue(SeesContext, n)
+        await asyncio.wait_for(queue.wait_idle(), timeout=5)
+        assert LOG == [("sees", (0, "a")), ("sees", (1, "b")), ("sees", (2, "c"))]
+        assert REQUEST.get() == "c"  # the enqueuer's own context is untouched
+        await queue.stop()
 
     run(main())
