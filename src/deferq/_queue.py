@@ -39,7 +39,7 @@ import itertools
 import logging
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from deferq._operator import Operator, Retried
@@ -436,18 +436,10 @@ class Queue:
         A success is removed here; a failure, or an awaitable returned by ``perform``,
         continues in an asyncio task (``_finish``) like an async execution.
         """
-        if counted:
-            self._backlog -= 1
-        if self._state is not _State.RUNNING:
-            self._maybe_idle()
-            return  # stopping: stays in the WAL
-        self._inflight += 1
-        try:
-            instance, result, error = self._perform(task_id, context, cls)
-        except BaseException:  # KeyboardInterrupt, SystemExit: not a failed execution
-            self._inflight -= 1
-            self._maybe_idle()
-            raise
+        begun = self._begin(task_id, context, cls, counted, self._maybe_idle)
+        if begun is None:
+            return
+        instance, result, error = begun
         if error is not None or (result is not None and inspect.isawaitable(result)):
             assert self._loop is not None
             self._work.add(self._loop.create_task(
@@ -463,19 +455,26 @@ class Queue:
 
     async def _run(self, task_id: str, context: Context, cls: type[Task], counted: bool) -> None:
         """One execution of an async ``perform``, as its own asyncio task."""
+        begun = self._begin(task_id, context, cls, counted, self._job_done)
+        if begun is not None:
+            await self._finish(task_id, context, cls, *begun)
+
+    def _begin(self, task_id: str, context: Context, cls: type[Task], counted: bool,
+               ended: Callable[[], None]) -> tuple[Task | None, object, Exception | None] | None:
+        """Start an execution: ``_perform``'s outcome, or None when the queue is stopping
+        (the task stays in the WAL). ``ended`` runs when the execution ends here."""
         if counted:
             self._backlog -= 1
         if self._state is not _State.RUNNING:
-            self._job_done()
-            return  # stopping: stays in the WAL
+            ended()
+            return None
         self._inflight += 1
         try:
-            instance, result, error = self._perform(task_id, context, cls)
+            return self._perform(task_id, context, cls)
         except BaseException:  # KeyboardInterrupt, SystemExit: not a failed execution
             self._inflight -= 1
-            self._job_done()
+            ended()
             raise
-        await self._finish(task_id, context, cls, instance, result, error)
 
     async def _finish(self, task_id: str, context: Context, cls: type[Task],
                       instance: Task | None, result: object, error: Exception | None) -> None:
