@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from deferq._env import Cancel, FileStat, OpenFlag
+from deferq._env import Cancel, FileStat, MappedWindow, OpenFlag
 from deferq._osenv import OsEnv
 
 __all__ = ["Call", "Fault", "FaultyEnv", "ManualClock", "RecordingEnv", "Timer", "append_to_wal",
@@ -238,6 +238,10 @@ class RecordingEnv(OsEnv):
         self._record("seek", fd=fd, size=offset)
         super().seek(fd, offset)
 
+    def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
+        self._record("map", fd=fd, size=length)
+        return _RecordingWindow(self, fd, super().map_shared(fd, offset, length))
+
     def fstat(self, fd: int) -> FileStat:
         self._record("fstat", fd=fd)
         return super().fstat(fd)
@@ -299,6 +303,24 @@ class RecordingEnv(OsEnv):
 # ----------------------------------------------------------------------------- faults
 
 
+class _RecordingWindow:
+    """A real mapped window whose stores are recorded as ``write`` calls of its file: a
+    store is how a record's bytes reach the file when the WAL maps its space (W-26)."""
+
+    def __init__(self, env: RecordingEnv, fd: int, inner: MappedWindow) -> None:
+        self._env = env
+        self._fd = fd
+        self._inner = inner
+
+    def __setitem__(self, index: slice[int, int, None], value: bytes, /) -> None:
+        self._env._record("write", fd=self._fd, size=len(value))  # noqa: SLF001
+        self._inner[index] = value
+
+    def close(self) -> None:
+        self._env._record("unmap", fd=self._fd)  # noqa: SLF001
+        self._inner.close()
+
+
 @dataclass(slots=True)
 class Fault:
     """Make calls number ``nth`` .. ``nth + times - 1`` of ``op`` (on a matching path) fail.
@@ -334,14 +356,20 @@ class FaultyEnv(RecordingEnv):
     """``RecordingEnv`` whose calls fail as ``inject()`` says.
 
     Injectable operations: open, pread, write (error or short), fsync, ftruncate,
-    allocate, seek, fsync_dir, rename (matched on its source) and unlink. A failed call is
+    allocate, seek, map, fsync_dir, rename (matched on its source) and unlink. A failed call is
     recorded with a ``!`` suffix (``fsync!``), so ``calls_of("fsync")`` lists
     only the calls that reached the operating system.
+
+    A store into a mapped window cannot fail on the operating system, so the faults of
+    ``write`` are only reachable when the WAL writes: unless ``mapping`` is set, this Env
+    refuses every ``map`` (ENODEV, as a filesystem that cannot map does), and the WAL
+    writes its records (W-26).
     """
 
-    def __init__(self, clock: ManualClock | None = None) -> None:
+    def __init__(self, clock: ManualClock | None = None, *, mapping: bool = False) -> None:
         super().__init__(clock)
         self.faults: list[Fault] = []
+        self.mapping = mapping
 
     def inject(self, op: str, *, nth: int = 1, times: int = 1, error: int = errno.EIO,
                short_bytes: int | None = None, path: str | None = None,
@@ -404,6 +432,14 @@ class FaultyEnv(RecordingEnv):
             self._record("allocate!", fd=fd, size=length)
             self._raise(fault, self.path_of(fd))
         super().allocate(fd, offset, length)
+
+    def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
+        fault = self._check("map", self.path_of(fd))
+        if fault is not None or not self.mapping:
+            self._record("map!", fd=fd, size=length)
+            error = errno.ENODEV if fault is None else fault.error
+            raise OSError(error, f"{os.strerror(error)} (injected)", self.path_of(fd))
+        return super().map_shared(fd, offset, length)
 
     def seek(self, fd: int, offset: int) -> None:
         fault = self._check("seek", self.path_of(fd))

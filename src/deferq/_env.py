@@ -51,6 +51,21 @@ class Cancel(Protocol):
         """Stop; the callback is not called again after this returns."""
 
 
+class MappedWindow(Protocol):
+    """A shared, writable memory mapping of part of a file (``Env.map_shared``, W-26).
+
+    ``window[a:b] = data`` (with ``len(data) == b - a``) stores ``data`` at the file's
+    offset ``base + a``; the bytes are in the file's page cache when it returns, like the
+    bytes of a ``write``, and an fsync of the file makes them durable.
+    """
+
+    def __setitem__(self, index: slice[int, int, None], value: bytes, /) -> None:
+        """Store ``value`` at ``index`` of the window."""
+
+    def close(self) -> None:
+        """Unmap; stored bytes stay in the file."""
+
+
 class Env(Protocol):
     """Every operation the engine performs on the outside world."""
 
@@ -58,6 +73,9 @@ class Env(Protocol):
     #: ``WAL_RESERVE_BYTES``; the simulated machine's is small (``SIM_RESERVE_BYTES``), so
     #: that its files stay small and the crash tests cross reservation boundaries often.
     reserve_bytes: int
+    #: The offset of a ``map_shared`` window must be a multiple of this (the page size on
+    #: the operating system, ``mmap.ALLOCATIONGRANULARITY``).
+    map_granularity: int
 
     # --- files (file descriptors are ints, local to this Env)
     def open(self, path: str, flags: OpenFlag, mode: int = 0o600) -> int:
@@ -81,6 +99,15 @@ class Env(Protocol):
 
     def seek(self, fd: int, offset: int) -> None:
         """Set the descriptor's offset (``lseek(SEEK_SET)``), where the next ``write`` goes."""
+
+    def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
+        """``mmap(MAP_SHARED, PROT_READ | PROT_WRITE)`` of ``[offset, offset + length)``.
+
+        ``fd`` is open for reading and writing, ``offset`` a multiple of
+        ``map_granularity``, and the file at least ``offset + length`` bytes long (a
+        store past the file's end would kill the process with SIGBUS). Stores never
+        move the descriptor's offset. Raises ``OSError`` when the file cannot be mapped.
+        """
 
     def fstat(self, fd: int) -> FileStat:
         """Identity and size of an open file."""

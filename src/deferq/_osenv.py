@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import mmap
 import os
 import random
 import threading
 import time
 from collections.abc import Callable
 
-from deferq._env import Cancel, FileStat, OpenFlag
+from deferq._env import Cancel, FileStat, MappedWindow, OpenFlag
 from deferq._limits import WAL_RESERVE_BYTES
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -84,6 +85,7 @@ class OsEnv:
     """The operating system as an ``Env``."""
 
     reserve_bytes: int = WAL_RESERVE_BYTES
+    map_granularity: int = mmap.ALLOCATIONGRANULARITY
 
     def open(self, path: str, flags: OpenFlag, mode: int = 0o600) -> int:
         bits = _OS_BITS.get(flags._value_)  # an int key: hashing the Flag is a Python call
@@ -110,6 +112,10 @@ class OsEnv:
 
     def seek(self, fd: int, offset: int) -> None:
         os.lseek(fd, offset, os.SEEK_SET)
+
+    def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
+        return mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
+                         offset=offset)
 
     def fstat(self, fd: int) -> FileStat:
         st = os.fstat(fd)

@@ -3,8 +3,9 @@
 Goal: every crash test built on ``deferq.testing`` is only as good as the simulator's
 fidelity when nothing crashes (the pyfakefs lesson: no-op fsync and flock, unfaked
 pread). Method: Hypothesis generates random sequences of seam calls (open with every
-flag combination, write, pread, ftruncate, allocate, seek, fstat, close, rename, unlink, makedirs,
-listdir, fsync, fsync_dir, flock from two descriptions, calls on closed descriptors)
+flag combination, write, pread, ftruncate, allocate, seek, a store into a mapping, fstat, close,
+rename, unlink, makedirs, listdir, fsync, fsync_dir, flock from two descriptions, calls on closed
+descriptors)
 and runs each on a fresh ``SimEnv`` and on ``OsEnv`` in a temporary directory of the
 real local filesystem; return values (descriptors as handles, directory listings
 sorted), errnos and the final tree must be equal. The same is done one level up: a
@@ -52,6 +53,7 @@ seam_ops = st.one_of(
     st.tuples(st.just("ftruncate"), HANDLES, st.integers(0, 16)),
     st.tuples(st.just("allocate"), HANDLES, st.integers(-1, 16), st.integers(-1, 16)),
     st.tuples(st.just("seek"), HANDLES, st.integers(-1, 20)),
+    st.tuples(st.just("store"), HANDLES, st.integers(0, 16), st.binary(min_size=1, max_size=8)),
     st.tuples(st.just("fstat"), HANDLES),
     st.tuples(st.just("close"), HANDLES),
     st.tuples(st.just("fsync"), HANDLES),
@@ -84,6 +86,7 @@ class SeamRunner:
         self.root = root
         self.is_dir = is_dir
         self.handles: list[tuple[int | None, bool]] = []  # (fd or None once closed, is a dir)
+        self.appending: list[bool] = []  # opened with APPEND, by handle
 
     def path(self, rel: str) -> str:
         return f"{self.root.rstrip('/')}/{rel}" if rel else self.root
@@ -105,6 +108,7 @@ class SeamRunner:
             assert isinstance(op[1], str) and isinstance(op[2], OpenFlag)
             fd = env.open(self.path(op[1]), op[2])
             self.handles.append((fd, self.is_dir(self.path(op[1]))))
+            self.appending.append(OpenFlag.APPEND in op[2])
             return ("opened", len(self.handles) - 1)
         if kind in ("rename", "unlink", "makedirs", "listdir", "fsync_dir"):
             return self._run_path_op(op)
@@ -130,6 +134,12 @@ class SeamRunner:
             assert isinstance(op[2], int)
             env.seek(fd, op[2])
             return None
+        if kind == "store":
+            if self.appending[op[1] % len(self.handles)]:
+                # The simulated store is a seek and a write (deferq.testing._window), which
+                # APPEND would send to the end; the WAL maps only files it writes without it.
+                return "not modelled"
+            return self._store(fd, is_dir, op)
         if kind == "fstat":
             st_ = env.fstat(fd)
             return ("dir", st_.links) if is_dir else ("file", st_.size, st_.links)
@@ -145,6 +155,21 @@ class SeamRunner:
         assert kind == "unlock"
         env.flock_unlock(fd)
         return None
+
+    def _store(self, fd: int, is_dir: bool, op: tuple[object, ...]) -> object:
+        """W-26: map the whole (non-empty) file at offset 0, store inside it, unmap."""
+        assert isinstance(op[2], int) and isinstance(op[3], bytes)
+        size = self.env.fstat(fd).size
+        if is_dir or size == 0:
+            return "not mappable here"  # Python's mmap refuses an empty file (ValueError)
+        at = op[2] % size
+        data = op[3][:size - at]
+        window = self.env.map_shared(fd, 0, size)
+        try:
+            window[at:at + len(data)] = data
+        finally:
+            window.close()
+        return ("stored", len(data))
 
     def _run_path_op(self, op: tuple[object, ...]) -> object:
         env, kind, rel = self.env, op[0], op[1]
@@ -170,6 +195,7 @@ class SeamRunner:
             if fd is not None:
                 self.env.close(fd)
         self.handles.clear()
+        self.appending.clear()
 
 
 def os_tree(root: str) -> dict[str, bytes | None]:

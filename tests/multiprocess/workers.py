@@ -42,7 +42,7 @@ from types import TracebackType
 from typing import Final
 
 from deferq._deadstore import DeadTaskStore
-from deferq._env import Env, OpenFlag
+from deferq._env import Env, MappedWindow, OpenFlag
 from deferq._format import (
     BadLine,
     WalAdd,
@@ -101,6 +101,31 @@ class StallingEnv(OsEnv):
         _emit({"event": "stalled", "written": len(half), "size": len(data)})
         _block_until_stdin_closes()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
+        return _StallingWindow(super().map_shared(fd, offset, length), self._threshold_bytes)
+
+
+class _StallingWindow:
+    """A mapped window (W-26) whose first store of at least the threshold stalls halfway,
+    as ``StallingEnv.write`` does: the memory copy a SIGKILL interrupts."""
+
+    def __init__(self, inner: MappedWindow, threshold_bytes: int) -> None:
+        self._inner = inner
+        self._threshold_bytes = threshold_bytes
+
+    def __setitem__(self, index: slice[int, int, None], value: bytes, /) -> None:
+        if len(value) < self._threshold_bytes:
+            self._inner[index] = value
+            return
+        half = len(value) // 2
+        self._inner[index.start:index.start + half] = value[:half]
+        _emit({"event": "stalled", "written": half, "size": len(value)})
+        _block_until_stdin_closes()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 class PauseBeforeNewFileLockEnv(OsEnv):

@@ -540,8 +540,8 @@ def test_fsync_frequency_zero_fsyncs_every_add_and_remove_before_returning(
                        lambda: disk.remove_task("a")):
             env.clear()
             action()
-            # The first record also reserves space after itself (W-25).
-            assert env.ops(wal) in (["write", "fsync"], ["allocate", "write", "fsync"])
+            # The first record also reserves space after itself (W-25) and maps it (W-26).
+            assert env.ops(wal) in (["write", "fsync"], ["allocate", "map", "write", "fsync"])
 
 
 @pytest.mark.spec("W-8")
@@ -822,7 +822,7 @@ def test_records_are_written_into_space_reserved_after_them_and_read_back_withou
         wal = only_wal(storage)
         env.clear()
         first = disk.add_task(b"a" * 10, task_id="a")
-        assert env.ops(str(wal)) == ["allocate", "write", "fsync"]
+        assert env.ops(str(wal)) == ["allocate", "map", "write", "fsync"]  # W-26: a store
         records = encode_add(first, None, b"a" * 10)
         assert wal.stat().st_size == WAL_RESERVE_BYTES  # reserved from the records' end (0)
         assert wal_bytes(wal) == records
@@ -848,12 +848,12 @@ def test_a_record_longer_than_the_reserve_step_reserves_its_own_size(storage: Pa
         wal = only_wal(storage)
         env.clear()
         disk.add_task(big, task_id="big")
-        assert env.ops(str(wal)) == ["allocate", "write", "fsync"]
+        assert env.ops(str(wal)) == ["allocate", "map", "write", "fsync"]
         size = len(encode_add("big", None, big))
         assert wal.stat().st_size == size  # reserved exactly the record, then filled it
         env.clear()
-        disk.add_task(b"", task_id="small")  # the next one reserves again
-        assert env.ops(str(wal)) == ["allocate", "write", "fsync"]
+        disk.add_task(b"", task_id="small")  # the next one reserves (and maps) again
+        assert env.ops(str(wal)) == ["unmap", "allocate", "map", "write", "fsync"]
     with open_disk(storage) as disk:
         assert ids(disk) == ["big", "small"]
 
@@ -1112,3 +1112,72 @@ def test_invalid_arguments_raise_value_error_before_any_io(
         assert env.calls == []
         assert snapshot(storage) == before
         assert ids(disk) == ["a"]
+
+
+# ----------------------------------------------------------------------------- mapped writes
+
+
+@pytest.mark.spec("W-26", "W-25")
+def test_records_are_stored_into_the_mapped_space_and_a_write_after_them_seeks_to_their_end(
+        storage: Path, caplog: pytest.LogCaptureFixture) -> None:
+    env = FaultyEnv(mapping=True)
+    with open_disk(storage, env, f=0) as disk:
+        wal = str(only_wal(storage))
+        env.clear()
+        disk.add_task(b"a" * 10, task_id="a")
+        disk.add_task(b"b" * 10, task_id="b")
+        # One reservation, one map, then two stores (recorded as writes) and no seek.
+        assert env.ops(wal) == ["allocate", "map", "write", "fsync", "write", "fsync"]
+        stored = len(encode_add("a", None, b"a" * 10) + encode_add("b", None, b"b" * 10))
+        # A record bigger than what is left must reserve again; that fails, so it is written
+        # with write(), at the end of the records: the descriptor's offset never moved.
+        env.inject("allocate", error=errno.ENOSPC, path=wal)
+        env.clear()
+        disk.add_task(b"c" * (WAL_RESERVE_BYTES + 10), task_id="c")
+        assert env.ops(wal) == ["unmap", "allocate!", "seek", "write", "fsync"]
+        assert env.calls_of("seek", wal)[0].size == stored
+        env.clear()
+        disk.add_task(b"d", task_id="d")  # the offset is right now: no second seek
+        assert "seek" not in env.ops(wal)
+    with caplog.at_level(logging.WARNING, logger="deferq"), open_disk(storage) as disk:
+        assert ids(disk) == ["a", "b", "c", "d"]
+    assert corruption_warnings(caplog) == []
+
+
+@pytest.mark.spec("W-26")
+def test_a_wal_that_cannot_map_writes_its_records_and_never_asks_again(storage: Path) -> None:
+    env = FaultyEnv(mapping=True)
+    env.inject("map", error=errno.ENOMEM)
+    with open_disk(storage, env, f=0) as disk:
+        wal = str(only_wal(storage))
+        env.clear()
+        disk.add_task(b"a", task_id="a")
+        assert env.ops(wal) == ["allocate", "map!", "write", "fsync"]
+        env.clear()
+        disk.add_task(b"b" * (WAL_RESERVE_BYTES + 10), task_id="b")  # reserves again
+        disk.remove_task("a")
+        # Each reserves (b fills its own reservation exactly), none maps (W-25, W-26).
+        assert env.ops(wal) == ["allocate", "write", "fsync", "allocate", "write", "fsync"]
+    with open_disk(storage) as disk:
+        assert ids(disk) == ["b"]
+
+
+@pytest.mark.spec("W-26", "W-13")
+def test_a_failed_write_after_stores_is_cut_back_without_a_window_over_the_cut(
+        storage: Path) -> None:
+    env = FaultyEnv(mapping=True)
+    with open_disk(storage, env, f=0) as disk:
+        wal = str(only_wal(storage))
+        disk.add_task(b"a", task_id="a")
+        env.inject("allocate", error=errno.ENOSPC, path=wal)
+        env.inject("write", error=errno.EIO, path=wal)
+        env.clear()
+        with pytest.raises(OSError):
+            disk.add_task(b"b" * (WAL_RESERVE_BYTES + 10), task_id="b")
+        # The window was released before the reservation; the cut-back truncates to the
+        # records' end (a live window over the cut would make a later store SIGBUS).
+        assert env.ops(wal) == ["unmap", "allocate!", "seek", "write!", "ftruncate", "seek"]
+        assert env.calls_of("ftruncate", wal)[0].size == len(encode_add("a", None, b"a"))
+        disk.add_task(b"c", task_id="c")
+    with open_disk(storage) as disk:
+        assert ids(disk) == ["a", "c"]

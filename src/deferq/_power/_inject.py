@@ -19,6 +19,7 @@ real short writes are tested on a full filesystem instead (``enospc_probe``).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -28,9 +29,11 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
+from deferq._env import MappedWindow
 from deferq._errors import DeferqError
 from deferq._format import dead_data_name, is_wal_file_name
 from deferq._limits import DEFAULT_PREFIX
+from deferq._osenv import OsEnv
 from deferq.backends import Disk
 
 ADDS = 5
@@ -67,6 +70,18 @@ def prepare(path: str) -> tuple[str, str]:
     return os.path.join(path, wal[0]), os.path.join(path, dead_data_name(DEFAULT_PREFIX))
 
 
+class WritingEnv(OsEnv):
+    """The OS, but no file can be mapped: the WAL writes its records with ``write`` (W-26).
+
+    strace injects faults into system calls; a record stored into a mapped window is a
+    memory copy, which no fault reaches (and which cannot fail), so the probe's WAL
+    writes, as it does on a filesystem that cannot map.
+    """
+
+    def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
+        raise OSError(errno.ENODEV, "the fault-injection probe writes its WAL records")
+
+
 def probe(path: str, out: str) -> None:
     """The program strace runs: every call's outcome goes to ``out`` (not a traced path)."""
     calls: list[Call] = []
@@ -81,7 +96,8 @@ def probe(path: str, out: str) -> None:
         calls.append(Call(store, name, True, "", task_id if task_id else str(value or "")))
         return value
 
-    disk = attempt("open", "Disk()", lambda: Disk(path=path, fsync_frequency=0))
+    disk = attempt("open", "Disk()", lambda: Disk(path=path, fsync_frequency=0,
+                                                  env=WritingEnv()))
     if isinstance(disk, Disk):
         for n in range(ADDS):
             attempt("wal", f"add_task #{n}", lambda n=n: disk.add_task(context_of(n), None,

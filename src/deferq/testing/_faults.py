@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from deferq.testing._simdisk import SimDisk
 
 IO_OPS: Final = frozenset({
-    "open", "pread", "write", "fsync", "ftruncate", "allocate", "seek", "fstat", "close",
+    "open", "pread", "write", "fsync", "ftruncate", "allocate", "seek", "map", "fstat", "close",
     "flock_exclusive_nb", "flock_unlock", "rename", "unlink", "makedirs", "listdir", "fsync_dir",
 })
 

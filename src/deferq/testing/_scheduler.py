@@ -51,8 +51,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from deferq._env import Cancel, Env, FileStat, OpenFlag
+from deferq._env import Cancel, Env, FileStat, MappedWindow, OpenFlag
 from deferq.testing._faults import SimulatedCrash
+from deferq.testing._window import StoreThroughWindow
 
 START: Final = "start"  # the checkpoint of a thread that has not run yet
 STUCK_TIMEOUT_S: Final = 10.0
@@ -319,6 +320,7 @@ class ScheduledEnv:
         self._scheduler = scheduler
         self.inner = env
         self.reserve_bytes = env.reserve_bytes
+        self.map_granularity = env.map_granularity
 
     def _point(self, op: str) -> None:
         self._scheduler.checkpoint(op)
@@ -351,6 +353,12 @@ class ScheduledEnv:
     def seek(self, fd: int, offset: int) -> None:
         self._point("seek")
         self.inner.seek(fd, offset)
+
+    def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
+        self._point("map")
+        inner = self.inner.map_shared(fd, offset, length)
+        # Stores go through this Env's seek and write: each is a scheduling point (W-26).
+        return StoreThroughWindow(self, fd, offset, length, inner=inner)
 
     def fstat(self, fd: int) -> FileStat:
         self._point("fstat")

@@ -33,7 +33,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from deferq._env import Cancel, FileStat, OpenFlag
+from deferq._env import Cancel, FileStat, MappedWindow, OpenFlag
 from deferq.testing._faults import (
     Crash,
     Eio,
@@ -46,6 +46,7 @@ from deferq.testing._faults import (
 )
 from deferq.testing._inode import Inode, os_error
 from deferq.testing._simdisk import SimDisk
+from deferq.testing._window import StoreThroughWindow
 
 if TYPE_CHECKING:
     from deferq._env import Env
@@ -55,6 +56,9 @@ DIR_SIZE_BYTES: Final = 4096  # what ext4 reports for a small directory
 # A simulated WAL reserves this much past its records at a time (W-25): a few records, so
 # the crash tests cross reservation boundaries often and simulated files stay small.
 SIM_RESERVE_BYTES: Final = 256
+# Windows of the simulated machine start at multiples of this (W-26): smaller than a page,
+# so that windows often start before the records' end, as they do on the OS.
+SIM_MAP_GRANULARITY: Final = 64
 _FIRST_FD: Final = 3
 
 
@@ -78,12 +82,15 @@ class SimEnv:
     """One simulated process: implements ``deferq._env.Env`` on a ``SimDisk``."""
 
     reserve_bytes: int = SIM_RESERVE_BYTES
+    map_granularity: int = SIM_MAP_GRANULARITY
 
     def __init__(self, disk: SimDisk, pid: int, rng: random.Random) -> None:
         self._disk = disk
         self._pid = pid
         self._rng = rng
         self._fds: dict[int, Description] = {}
+        # Open windows (W-26): a window's inode and its span, to catch a cut under one.
+        self._windows: dict[StoreThroughWindow, Inode] = {}
         self._alive = True
 
     @property
@@ -113,6 +120,7 @@ class SimEnv:
         """Called by ``SimDisk.kill``: close every descriptor, releasing its flocks."""
         for fd in list(self._fds):
             self._release(self._fds.pop(fd))
+        self._windows.clear()  # a dead process's mappings are gone
         self._alive = False
 
     # ------------------------------------------------------------------ files
@@ -209,6 +217,10 @@ class SimEnv:
             fault = self._enter("ftruncate", (desc.path,))
             if not desc.writable or desc.node.is_dir:
                 raise os_error(errno.EINVAL)
+            for window, node in self._windows.items():
+                if node is desc.node and window.span[1] > size:
+                    raise AssertionError(f"cutting {desc.path} to {size} bytes under a window "
+                                         f"mapping {window.span}: a store there is SIGBUS")
             self._disk.truncate(desc.node, size)
             self._leave(fault, "ftruncate", (desc.path,))
 
@@ -227,6 +239,34 @@ class SimEnv:
             if offset + length > len(desc.node.data):
                 self._disk.truncate(desc.node, offset + length)
             self._leave(fault, "allocate", (desc.path,))
+
+    def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
+        with self._disk.lock:
+            desc = self._desc(fd)
+            if offset < 0 or length <= 0 or offset % self.map_granularity:
+                raise os_error(errno.EINVAL)
+            fault = self._enter("map", (desc.path,))
+            if not (desc.readable and desc.writable):
+                raise os_error(errno.EACCES)  # MAP_SHARED with PROT_WRITE needs O_RDWR
+            if desc.node.is_dir:
+                raise os_error(errno.ENODEV)
+            if desc.append:
+                # A store here is a seek and a write, which APPEND would send to the end: the
+                # model covers the mappings the engine makes, of files it writes without it.
+                raise AssertionError(f"mapping {desc.path}, opened with APPEND")
+            if offset + length > len(desc.node.data):
+                # Allowed by mmap, but a store there is SIGBUS: the engine maps only what it
+                # reserved, so this is a bug to report, not a behaviour to simulate.
+                raise AssertionError(f"mapping [{offset}, {offset + length}) of {desc.path}, "
+                                     f"which has {len(desc.node.data)} bytes")
+            window = StoreThroughWindow(self, fd, offset, length, on_close=self._forget_window)
+            self._windows[window] = desc.node
+            self._leave(fault, "map", (desc.path,))
+            return window
+
+    def _forget_window(self, window: StoreThroughWindow) -> None:
+        with self._disk.lock:
+            self._windows.pop(window, None)
 
     def seek(self, fd: int, offset: int) -> None:
         with self._disk.lock:

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 from deferq._env import Cancel as _Cancel
 from deferq._env import FileStat as _FileStat
+from deferq._env import MappedWindow as _MappedWindow
 from deferq._env import OpenFlag as _OpenFlag
 from deferq.testing._simenv import SimEnv
+from deferq.testing._window import StoreThroughWindow
 
 __all__ = [
     "Call",
@@ -37,6 +39,7 @@ class TracingEnv:
     def __init__(self, inner: SimEnv, trace: list[Call]) -> None:
         self.inner = inner
         self.reserve_bytes = inner.reserve_bytes
+        self.map_granularity = inner.map_granularity
         self._trace = trace
         self._pid = inner.getpid()
 
@@ -76,6 +79,12 @@ class TracingEnv:
     def seek(self, fd: int, offset: int) -> None:
         self._rec("seek", self._fd_path(fd))
         self.inner.seek(fd, offset)
+
+    def map_shared(self, fd: int, offset: int, length: int) -> _MappedWindow:
+        self._rec("map", self._fd_path(fd), length)
+        inner = self.inner.map_shared(fd, offset, length)
+        # Stores go through this Env's seek and write, so they are traced (W-26).
+        return StoreThroughWindow(self, fd, offset, length, inner=inner)
 
     def fstat(self, fd: int) -> _FileStat:
         self._rec("fstat", self._fd_path(fd))
