@@ -13,9 +13,11 @@ import fcntl
 import mmap
 import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Final
 
 from deferq._env import Cancel, FileStat, MappedWindow, OpenFlag
 from deferq._limits import WAL_RESERVE_BYTES
@@ -24,6 +26,9 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _OS_BITS: dict[int, int] = {}  # OpenFlag value -> os.O_* bits
 _monotonic: Callable[[], float] = time.monotonic
 _posix_fallocate: Callable[[int, int, int], None] | None = getattr(os, "posix_fallocate", None)
+# W-26 relies on fsync(2) writing back the pages a store into a MAP_SHARED mapping dirtied, as
+# Linux's does (one page cache); elsewhere (macOS wants msync) the WAL writes its records.
+_MAP_FSYNC_COVERED: Final = sys.platform.startswith("linux")
 
 # The process id, refreshed in every child of os.fork() (including multiprocessing's fork start
 # method): the storage engine compares it on every operation to refuse use from a forked child
@@ -114,8 +119,13 @@ class OsEnv:
         os.lseek(fd, offset, os.SEEK_SET)
 
     def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
-        return mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
-                         offset=offset)
+        if not _MAP_FSYNC_COVERED:
+            raise OSError(errno.ENOTSUP, "W-26 maps WAL space only where fsync covers stores (Linux)")
+        try:
+            return mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
+                             offset=offset)
+        except ValueError as exc:  # Python's own checks (a file shorter than the window)
+            raise OSError(errno.EINVAL, str(exc)) from exc
 
     def fstat(self, fd: int) -> FileStat:
         st = os.fstat(fd)

@@ -1181,3 +1181,40 @@ def test_a_failed_write_after_stores_is_cut_back_without_a_window_over_the_cut(
         disk.add_task(b"c", task_id="c")
     with open_disk(storage) as disk:
         assert ids(disk) == ["a", "c"]
+
+
+@pytest.mark.spec("W-26")
+def test_where_fsync_is_not_known_to_cover_stores_the_wal_writes_its_records(
+        storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import deferq._osenv  # noqa: PLC0415 - the module whose capability is taken away
+
+    monkeypatch.setattr(deferq._osenv, "_MAP_FSYNC_COVERED", False)  # as on macOS
+    env = RecordingEnv()
+    with open_disk(storage, env, f=0) as disk:
+        wal = str(only_wal(storage))
+        for name in ("a", "b", "c"):
+            disk.add_task(name.encode(), task_id=name)
+        assert env.ops(wal).count("map") == 1  # refused once, then never asked
+        assert env.ops(wal).count("write") == 3 and "seek" not in env.ops(wal)
+    with open_disk(storage) as disk:
+        assert ids(disk) == ["a", "b", "c"]
+
+
+@pytest.mark.spec("W-26")
+def test_the_os_env_reports_a_window_past_the_end_of_the_file_as_an_oserror(
+        tmp_path: Path) -> None:
+    env = OsEnv()
+    fd = env.open(str(tmp_path / "f"), OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE)
+    try:
+        env.write(fd, b"x" * 10)
+        with pytest.raises(OSError) as caught:
+            env.map_shared(fd, 0, env.map_granularity)  # Python's mmap says ValueError
+        assert caught.value.errno == errno.EINVAL
+        window = env.map_shared(fd, 0, 10)
+        window[2:5] = b"abc"  # a store is in the file at once, the offset unmoved
+        window.close()
+        assert env.pread(fd, 10, 0) == b"xxabcxxxxx"
+        env.write(fd, b"!")
+        assert env.pread(fd, 11, 0) == b"xxabcxxxxx!"
+    finally:
+        env.close(fd)
