@@ -144,7 +144,9 @@ class TasksWal:
         self._window: MappedWindow | None = None
         self._base = 0
         self._offset_stale = False
-        self._mapping = True  # False once a map failed: this WAL writes from then on
+        # Never with f = 0: each record's fsync write-protects the mapped page again, and the
+        # next store's fault costs more than the write it saves (measured: see W-26).
+        self._mapping = fsync_frequency_s > 0  # and False once a map failed
         self._limit = _limit_after_copy(self._size)
 
     # ------------------------------------------------------------------ opening

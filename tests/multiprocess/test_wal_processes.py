@@ -104,10 +104,13 @@ def test_live_workers_keep_their_own_files_and_only_a_dead_ones_is_adopted(
 
 
 @pytest.mark.slow
-@pytest.mark.spec("W-3", "W-4", "D-5", "D-12", "R-@F")
+@pytest.mark.spec("W-3", "W-4", "D-5", "D-12", "R-@F", "W-26")
+@pytest.mark.parametrize("fsync_frequency", [0, 1], ids=["written (f=0)", "stored (f=1, mapped)"])
 def test_torn_tail_of_worker_killed_mid_write_is_left_behind_and_later_records_survive(
-        pool: WorkerPool) -> None:
-    victim = pool.spawn(stall_writes_over=1024 * 1024)
+        pool: WorkerPool, fsync_frequency: int) -> None:
+    # With f = 1 the records are copied into a mapping of the reserved space (W-26) and the
+    # kill interrupts that copy; with f = 0 it interrupts a write system call.
+    victim = pool.spawn(stall_writes_over=1024 * 1024, fsync_frequency=fsync_frequency)
     victim_file = _wal_file(victim)
     kept = victim.call("add_task", context_hex=b"small".hex()).text("task_id")
     wal_path = pool.storage / victim_file
@@ -115,6 +118,7 @@ def test_torn_tail_of_worker_killed_mid_write_is_left_behind_and_later_records_s
     victim.send("add_task", context_bytes=3 * 1024 * 1024)
     stalled = victim.expect("stalled")
     assert 0 < stalled.number("written") < stalled.number("size")
+    assert stalled.text("via") == ("store" if fsync_frequency else "write")
     victim.kill()
     assert wal_size(wal_path) == valid_size + stalled.number("written")
     assert scan_wal_file(wal_path).tail, "the kill left no torn tail"

@@ -98,7 +98,7 @@ class StallingEnv(OsEnv):
         view = memoryview(half)
         while view:
             view = view[os.write(fd, bytes(view)):]
-        _emit({"event": "stalled", "written": len(half), "size": len(data)})
+        _emit({"event": "stalled", "written": len(half), "size": len(data), "via": "write"})
         _block_until_stdin_closes()
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -120,7 +120,7 @@ class _StallingWindow:
             return
         half = len(value) // 2
         self._inner[index.start:index.start + half] = value[:half]
-        _emit({"event": "stalled", "written": half, "size": len(value)})
+        _emit({"event": "stalled", "written": half, "size": len(value), "via": "store"})
         _block_until_stdin_closes()
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -255,7 +255,7 @@ def _prepare_orphan(world: World, env: SimEnv) -> None:
     max_steps=st.one_of(st.none(), st.integers(1, 250)),
     power=st.one_of(st.none(), st.tuples(st.sampled_from(MODEL_NAMES), st.integers(0, 2**16))),
     kill=st.one_of(st.none(), st.tuples(st.integers(0, 2), st.one_of(
-        st.integers(0, 120), st.sampled_from(["write", "fsync", "rename", "fsync_dir"])))),
+        st.integers(0, 120), st.sampled_from(["write", "fsync", "rename", "fsync_dir", "map"])))),
 )
 @machine_settings(max_examples=150, stateful_step_count=1)
 def test_concurrent_workers_and_crash(seed: int, plans: list[list[Op]], frequencies: list[float],

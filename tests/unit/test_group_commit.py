@@ -20,7 +20,6 @@ import pytest
 
 from deferq import _wal
 from deferq._errors import StorageBrokenError, StorageClosedError
-from deferq._env import MappedWindow
 from deferq._osenv import OsEnv
 from deferq.backends import Disk, Nil
 from deferq.testing import FaultRule, FsyncEio, SimDisk, SimEnv
@@ -51,9 +50,6 @@ class StampingEnv(OsEnv):
         self.write_end[data] = self.stamp()
         return written
 
-    def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
-        return _StampingWindow(self, super().map_shared(fd, offset, length))
-
     def fsync(self, fd: int) -> None:
         start = self.stamp()
         time.sleep(self.fsync_delay_s)  # a slow disk: writers arrive while it runs
@@ -61,21 +57,6 @@ class StampingEnv(OsEnv):
         end = self.stamp()
         with self.lock:
             self.fsyncs.append((start, end))
-
-
-class _StampingWindow:
-    """A real mapped window (W-26) whose stores get the stamp of a write's end."""
-
-    def __init__(self, env: StampingEnv, inner: MappedWindow) -> None:
-        self._env = env
-        self._inner = inner
-
-    def __setitem__(self, index: slice[int, int, None], value: bytes, /) -> None:
-        self._inner[index] = value
-        self._env.write_end[value] = self._env.stamp()
-
-    def close(self) -> None:
-        self._inner.close()
 
 
 class GateEnv(TracingEnv):
