@@ -42,6 +42,7 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Final
 
+from deferq._committer import Committer
 from deferq._operator import Operator, Retried
 from deferq._serialize import JSON_CODEC, Context, ContextCodec, ContextError
 from deferq._queue_parts import (
@@ -117,6 +118,7 @@ class Queue:
         self._committed = 0  # the highest WAL ticket a completed group commit covered
         self._commit: asyncio.Future[None] | None = None  # the group commit in flight
         self._wanted = 0  # the highest ticket the background flusher must cover
+        self._committer: Committer | None = None  # the thread of every commit's fsync
         self._flusher: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ introspection
@@ -191,6 +193,8 @@ class Queue:
             self.backend.sync()
         finally:
             self._state = _State.STOPPED
+            if self._committer is not None:
+                self._committer.close()
         return finished
 
     async def _wait_work(self, timeout_s: float) -> bool:
@@ -324,7 +328,11 @@ class Queue:
     async def _commit_once(self, disk: Disk) -> None:
         target = disk.written_ticket()
         try:
-            await asyncio.to_thread(disk.sync_through, target)
+            committer = self._committer
+            if committer is None:
+                assert self._loop is not None
+                committer = self._committer = Committer(self._loop, "deferq-commit")
+            await committer.run(lambda: disk.sync_through(target))
         finally:
             self._commit = None
         if target > self._committed:
