@@ -29,6 +29,25 @@ _posix_fallocate: Callable[[int, int, int], None] | None = getattr(os, "posix_fa
 # W-26 relies on fsync(2) writing back the pages a store into a MAP_SHARED mapping dirtied, as
 # Linux's does (one page cache); elsewhere (macOS wants msync) the WAL writes its records.
 _MAP_FSYNC_COVERED: Final = sys.platform.startswith("linux")
+# ... and on a store into posix_fallocate'd space needing no new space: true where the blocks are
+# allocated in place (a copy-on-write filesystem such as btrfs may need space at the first write of
+# a page, and a page fault that cannot get it is SIGBUS, where write would return ENOSPC).
+MAP_SAFE_FILESYSTEMS: Final = frozenset({"ext2", "ext3", "ext4", "xfs", "tmpfs"})
+
+
+def fs_type(fd: int) -> str | None:
+    """The type of the filesystem ``fd`` is on, from Linux's /proc; None when unknown."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
+            mount_id = next(line.split()[1] for line in info if line.startswith(b"mnt_id:"))
+        with open("/proc/self/mountinfo", "rb") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if fields[0] == mount_id:  # "ID PARENT MAJ:MIN ROOT POINT OPTS [TAGS] - TYPE ..."
+                    return fields[fields.index(b"-") + 1].decode()
+    except (OSError, StopIteration, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    return None
 
 # The process id, refreshed in every child of os.fork() (including multiprocessing's fork start
 # method): the storage engine compares it on every operation to refuse use from a forked child
@@ -121,6 +140,10 @@ class OsEnv:
     def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
         if not _MAP_FSYNC_COVERED:
             raise OSError(errno.ENOTSUP, "W-26 maps WAL space only where fsync covers stores (Linux)")
+        kind = fs_type(fd)
+        if kind not in MAP_SAFE_FILESYSTEMS:
+            raise OSError(errno.ENOTSUP, f"W-26 does not map files on {kind or 'an unknown'} "
+                          "filesystem: a store there could need space and fail with SIGBUS")
         try:
             return mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
                              offset=offset)

@@ -86,7 +86,6 @@ class SeamRunner:
         self.root = root
         self.is_dir = is_dir
         self.handles: list[tuple[int | None, bool]] = []  # (fd or None once closed, is a dir)
-        self.appending: list[bool] = []  # opened with APPEND, by handle
 
     def path(self, rel: str) -> str:
         return f"{self.root.rstrip('/')}/{rel}" if rel else self.root
@@ -108,7 +107,6 @@ class SeamRunner:
             assert isinstance(op[1], str) and isinstance(op[2], OpenFlag)
             fd = env.open(self.path(op[1]), op[2])
             self.handles.append((fd, self.is_dir(self.path(op[1]))))
-            self.appending.append(OpenFlag.APPEND in op[2])
             return ("opened", len(self.handles) - 1)
         if kind in ("rename", "unlink", "makedirs", "listdir", "fsync_dir"):
             return self._run_path_op(op)
@@ -135,10 +133,6 @@ class SeamRunner:
             env.seek(fd, op[2])
             return None
         if kind == "store":
-            if self.appending[op[1] % len(self.handles)]:
-                # The simulated store is a seek and a write (deferq.testing._window), which
-                # APPEND would send to the end; the WAL maps only files it writes without it.
-                return "not modelled"
             return self._store(fd, is_dir, op)
         if kind == "fstat":
             st_ = env.fstat(fd)
@@ -195,7 +189,6 @@ class SeamRunner:
             if fd is not None:
                 self.env.close(fd)
         self.handles.clear()
-        self.appending.clear()
 
 
 def os_tree(root: str) -> dict[str, bytes | None]:

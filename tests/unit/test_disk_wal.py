@@ -1237,3 +1237,42 @@ def test_the_os_env_reports_a_window_past_the_end_of_the_file_as_an_oserror(
         assert env.pread(fd, 11, 0) == b"xxabcxxxxx!"
     finally:
         env.close(fd)
+
+
+@pytest.mark.spec("W-26")
+def test_a_file_on_a_filesystem_not_known_to_allocate_in_place_is_never_mapped(
+        storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import deferq._osenv  # noqa: PLC0415 - the module whose capability is taken away
+
+    monkeypatch.setattr(deferq._osenv, "fs_type", lambda fd: "btrfs")  # copy-on-write
+    env = RecordingEnv(ManualClock(wall=WALL))
+    with open_disk(storage, env, f=1) as disk:
+        wal = str(only_wal(storage))
+        disk.add_task(b"a", task_id="a")
+        disk.add_task(b"b" * (WAL_RESERVE_BYTES + 10), task_id="b")  # reserves again
+        assert env.ops(wal).count("map") == 1  # refused once (ENOTSUP), then never asked
+        assert env.ops(wal).count("write") == 2
+    with open_disk(storage) as disk:
+        assert ids(disk) == ["a", "b"]
+
+
+@pytest.mark.spec("W-26")
+def test_the_filesystem_type_of_a_descriptor_matches_the_mount_its_path_is_on(
+        tmp_path: Path) -> None:
+    from deferq._osenv import fs_type  # noqa: PLC0415
+
+    if not Path("/proc/self/mountinfo").exists():
+        pytest.skip("no /proc/self/mountinfo: not Linux, fs_type answers None")
+    real = os.path.realpath(tmp_path)
+    best, kind = "", None  # the longest mount point that is a prefix of the path
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        point = fields[4].replace("\\040", " ")
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, fields[fields.index("-") + 1]
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        assert fs_type(fd) == kind is not None
+    finally:
+        os.close(fd)
+    assert fs_type(1_000_000) is None  # no such descriptor

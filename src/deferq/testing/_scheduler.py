@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Final
 
 from deferq._env import Cancel, Env, FileStat, MappedWindow, OpenFlag
 from deferq.testing._faults import SimulatedCrash
-from deferq.testing._window import StoreThroughWindow
+from deferq.testing._window import ForwardingWindow
 
 START: Final = "start"  # the checkpoint of a thread that has not run yet
 STUCK_TIMEOUT_S: Final = 10.0
@@ -356,9 +356,9 @@ class ScheduledEnv:
 
     def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
         self._point("map")
-        inner = self.inner.map_shared(fd, offset, length)
-        # Stores go through this Env's seek and write: each is a scheduling point (W-26).
-        return StoreThroughWindow(self, fd, offset, length, inner=inner)
+        # Each store is a scheduling point, as a write is (W-26).
+        return ForwardingWindow(self.inner.map_shared(fd, offset, length),
+                                lambda size: self._point("write"))
 
     def fstat(self, fd: int) -> FileStat:
         self._point("fstat")

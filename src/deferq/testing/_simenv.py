@@ -46,7 +46,7 @@ from deferq.testing._faults import (
 )
 from deferq.testing._inode import Inode, os_error
 from deferq.testing._simdisk import SimDisk
-from deferq.testing._window import StoreThroughWindow
+from deferq.testing._window import SimWindow
 
 if TYPE_CHECKING:
     from deferq._env import Env
@@ -90,7 +90,7 @@ class SimEnv:
         self._rng = rng
         self._fds: dict[int, Description] = {}
         # Open windows (W-26): a window's inode and its span, to catch a cut under one.
-        self._windows: dict[StoreThroughWindow, Inode] = {}
+        self._windows: dict[SimWindow, Inode] = {}
         self._alive = True
 
     @property
@@ -250,23 +250,36 @@ class SimEnv:
                 raise os_error(errno.EACCES)  # MAP_SHARED with PROT_WRITE needs O_RDWR
             if desc.node.is_dir:
                 raise os_error(errno.ENODEV)
-            if desc.append:
-                # A store here is a seek and a write, which APPEND would send to the end: the
-                # model covers the mappings the engine makes, of files it writes without it.
-                raise AssertionError(f"mapping {desc.path}, opened with APPEND")
             if offset + length > len(desc.node.data):
                 # Allowed by mmap, but a store there is SIGBUS: the engine maps only what it
                 # reserved, so this is a bug to report, not a behaviour to simulate.
                 raise AssertionError(f"mapping [{offset}, {offset + length}) of {desc.path}, "
                                      f"which has {len(desc.node.data)} bytes")
-            window = StoreThroughWindow(self, fd, offset, length, on_close=self._forget_window)
+            window = SimWindow(self, fd, offset, length)
             self._windows[window] = desc.node
             self._leave(fault, "map", (desc.path,))
             return window
 
-    def _forget_window(self, window: StoreThroughWindow) -> None:
+    def forget_window(self, window: SimWindow) -> None:
+        """``SimWindow.close``: the window is gone (W-26)."""
         with self._disk.lock:
             self._windows.pop(window, None)
+
+    def store_at(self, fd: int, position: int, data: bytes) -> int:
+        """A store into a ``SimWindow`` of ``fd`` (W-26): ``data`` at ``position``, the
+        descriptor's offset unmoved, checked and faulted as a ``write``; returns the count."""
+        with self._disk.lock:
+            desc = self._desc(fd)
+            fault = self._enter("write", (desc.path,))
+            if position + len(data) > len(desc.node.data):
+                raise AssertionError(f"a store at [{position}, {position + len(data)}) of "
+                                     f"{desc.path}, which has {len(desc.node.data)} bytes: SIGBUS")
+            count = len(data)
+            if isinstance(fault, ShortWrite):
+                count = min(count, fault.bytes_max)
+            self._disk.write(desc.node, position, bytes(data[:count]))
+            self._leave(fault, "write", (desc.path,))
+            return count
 
     def seek(self, fd: int, offset: int) -> None:
         with self._disk.lock:

@@ -15,7 +15,7 @@ from deferq._env import FileStat as _FileStat
 from deferq._env import MappedWindow as _MappedWindow
 from deferq._env import OpenFlag as _OpenFlag
 from deferq.testing._simenv import SimEnv
-from deferq.testing._window import StoreThroughWindow
+from deferq.testing._window import ForwardingWindow
 
 __all__ = [
     "Call",
@@ -82,9 +82,10 @@ class TracingEnv:
 
     def map_shared(self, fd: int, offset: int, length: int) -> _MappedWindow:
         self._rec("map", self._fd_path(fd), length)
-        inner = self.inner.map_shared(fd, offset, length)
-        # Stores go through this Env's seek and write, so they are traced (W-26).
-        return StoreThroughWindow(self, fd, offset, length, inner=inner)
+        path = self._fd_path(fd)
+        # A store is traced as the write of the file's data it is (W-26).
+        return ForwardingWindow(self.inner.map_shared(fd, offset, length),
+                                lambda size: self._rec("write", path, size))
 
     def fstat(self, fd: int) -> _FileStat:
         self._rec("fstat", self._fd_path(fd))

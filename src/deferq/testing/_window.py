@@ -1,41 +1,43 @@
-"""The simulated ``MappedWindow`` (W-26): a store is a ``seek`` and a ``write`` through an Env.
+"""Simulated ``MappedWindow``s (W-26): a store is a positional write of the simulated file.
 
 On the operating system a store into a shared mapping is a memory copy into the page
-cache: it cannot fail, and it leaves the descriptor's offset alone. Here each store goes
-through the Env's own ``seek`` and ``write`` calls, so every simulated machinery sees it
-as the write it is to the file's data: the fault rules (a failed or short store is not
-possible on the OS, so the engine's handling of one is only ever more careful than it
-needs to be), crash points, unsynced data lost at a power cut, traces and schedules. The
-engine never relies on the descriptor's offset after a store (W-26), so that the offset
-moving here is no difference it can observe.
+cache: it leaves the descriptor's offset alone and cannot fail. ``SimWindow`` stores through
+``SimEnv.store_at``, which writes at the mapped position without moving any offset and goes
+through the same machinery as ``write``: the fault rules of ``write`` (a short store is
+completed by another store, so a crash between the two is a torn store; a failed store is
+not possible on the OS, so the engine's handling of one is only ever more careful than it
+needs to be), crash points, and unsynced bytes lost at a power cut. ``ForwardingWindow``
+lets an ``Env`` wrapper (tracing, scheduling) see each store before the inner window makes it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from deferq._io import write_all
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from deferq._env import Env, MappedWindow
+    from deferq._env import MappedWindow
 
 
-class StoreThroughWindow:
-    """``window[a:b] = data`` writes ``data`` at ``base + a`` of ``fd`` through ``env``."""
+class _Storing(Protocol):
+    def store_at(self, fd: int, position: int, data: bytes) -> int:
+        """Write ``data`` at ``position`` of ``fd``'s file, the offset unmoved; return the count."""
 
-    __slots__ = ("_base", "_env", "_fd", "_inner", "_length", "_on_close")
+    def forget_window(self, window: SimWindow) -> None:
+        """The window was closed."""
 
-    def __init__(self, env: Env, fd: int, base: int, length: int, *,
-                 inner: MappedWindow | None = None,
-                 on_close: Callable[[StoreThroughWindow], None] | None = None) -> None:
+
+class SimWindow:
+    """``window[a:b] = data`` writes ``data`` at ``base + a`` of ``fd`` (``SimEnv.store_at``)."""
+
+    __slots__ = ("_base", "_env", "_fd", "_length")
+
+    def __init__(self, env: _Storing, fd: int, base: int, length: int) -> None:
         self._env = env
         self._fd = fd
         self._base = base
         self._length = length
-        self._inner = inner  # the wrapped Env's own window, closed with this one
-        self._on_close = on_close
 
     @property
     def span(self) -> tuple[int, int]:
@@ -51,16 +53,31 @@ class StoreThroughWindow:
             # mmap raises IndexError for a slice past its end and a store of another size.
             raise IndexError(f"store of {len(value)} bytes at [{start}:{stop}] of a "
                              f"{self._length}-byte window")
-        self._env.seek(self._fd, self._base + start)
-        write_all(self._env, self._fd, value)
+        done = 0
+        while done < len(value):
+            count = self._env.store_at(self._fd, self._base + start + done, value[done:])
+            if count <= 0:
+                raise OSError(f"store returned {count} with {len(value) - done} bytes left")
+            done += count
 
     def close(self) -> None:
-        if self._length < 0:
-            return
-        self._length = -1
-        try:
-            if self._inner is not None:
-                self._inner.close()
-        finally:
-            if self._on_close is not None:
-                self._on_close(self)
+        if self._length >= 0:
+            self._length = -1
+            self._env.forget_window(self)
+
+
+class ForwardingWindow:
+    """An inner window whose every store is announced to ``before(size)`` first."""
+
+    __slots__ = ("_before", "_inner")
+
+    def __init__(self, inner: MappedWindow, before: Callable[[int], None]) -> None:
+        self._inner = inner
+        self._before = before
+
+    def __setitem__(self, index: slice[int, int, None], value: bytes, /) -> None:
+        self._before(len(value))
+        self._inner[index] = value
+
+    def close(self) -> None:
+        self._inner.close()
