@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from deferq._env import Cancel, FileStat, MappedWindow, OpenFlag
 from deferq._osenv import OsEnv
+from deferq.testing._window import ForwardingWindow
 
 __all__ = ["Call", "Fault", "FaultyEnv", "ManualClock", "RecordingEnv", "Timer", "append_to_wal",
            "snapshot", "wal_bytes", "wal_size"]
@@ -240,7 +241,10 @@ class RecordingEnv(OsEnv):
 
     def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
         self._record("map", fd=fd, size=length)
-        return _RecordingWindow(self, fd, super().map_shared(fd, offset, length))
+        # A store is recorded as the write of the file's data it is (W-26).
+        return ForwardingWindow(super().map_shared(fd, offset, length),
+                                lambda size: self._record("write", fd=fd, size=size),
+                                lambda: self._record("unmap", fd=fd))
 
     def fstat(self, fd: int) -> FileStat:
         self._record("fstat", fd=fd)
@@ -301,24 +305,6 @@ class RecordingEnv(OsEnv):
 
 
 # ----------------------------------------------------------------------------- faults
-
-
-class _RecordingWindow:
-    """A real mapped window whose stores are recorded as ``write`` calls of its file: a
-    store is how a record's bytes reach the file when the WAL maps its space (W-26)."""
-
-    def __init__(self, env: RecordingEnv, fd: int, inner: MappedWindow) -> None:
-        self._env = env
-        self._fd = fd
-        self._inner = inner
-
-    def __setitem__(self, index: slice[int, int, None], value: bytes, /) -> None:
-        self._env._record("write", fd=self._fd, size=len(value))  # noqa: SLF001
-        self._inner[index] = value
-
-    def close(self) -> None:
-        self._env._record("unmap", fd=self._fd)  # noqa: SLF001
-        self._inner.close()
 
 
 @dataclass(slots=True)

@@ -67,17 +67,22 @@ class SimWindow:
 
 
 class ForwardingWindow:
-    """An inner window whose every store is announced to ``before(size)`` first."""
+    """An inner window whose every store is announced to ``before(size)`` first, and whose
+    closing to ``closing()`` when given."""
 
-    __slots__ = ("_before", "_inner")
+    __slots__ = ("_before", "_closing", "_inner")
 
-    def __init__(self, inner: MappedWindow, before: Callable[[int], None]) -> None:
+    def __init__(self, inner: MappedWindow, before: Callable[[int], None],
+                 closing: Callable[[], None] | None = None) -> None:
         self._inner = inner
         self._before = before
+        self._closing = closing
 
     def __setitem__(self, index: slice[int, int, None], value: bytes, /) -> None:
         self._before(len(value))
         self._inner[index] = value
 
     def close(self) -> None:
+        if self._closing is not None:
+            self._closing()
         self._inner.close()
