@@ -85,3 +85,31 @@ def test_only_selects_workloads_and_rejects_unknown_names(tmp_path: Path) -> Non
     bad = run_bench(tmp_path, "--only", "replay,nosuch")
     assert bad.returncode == 2
     assert "unknown workload nosuch" in bad.stderr
+
+
+FLOORS = REPO / "benchmarks" / "bench_floors.py"
+FLOOR_STUDIES = ["enq_crash_queue", "dead_add_1p", "dead_list_newest", "replay"]
+
+
+@pytest.mark.slow
+def test_floor_study_reports_every_missed_row_with_its_floor(tmp_path: Path) -> None:
+    """bench_floors.py --smoke: the four studies, each with positive times for deferq, its
+    target's baseline and the floor, the three ratios, and a verdict; the floors' records
+    were checked against deferq's decoders (the command fails otherwise)."""
+    done = subprocess.run(
+        [sys.executable, str(FLOORS), "--smoke", "--dir", str(tmp_path),
+         "--json-out", str(tmp_path / "floors.jsonl")],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "floors.jsonl").read_text(encoding="utf-8"))
+    assert record["kind"] == "floors" and record["mode"] == "smoke"
+    studies = record["studies"]
+    assert [s["key"] for s in studies] == FLOOR_STUDIES
+    for study in studies:
+        for side in ("deferq", "baseline", "floor"):
+            assert study[f"{side}_s"] and all(positive(x) for x in study[f"{side}_s"]), study
+        for ratio in ("deferq_vs_baseline", "floor_vs_baseline", "deferq_vs_floor"):
+            assert positive(study[ratio]), (study["key"], ratio)
+        assert study["verdict"] in ("meets", "misses", "below the floor"), study["verdict"]
+        assert study["label"] in done.stdout
+    assert not list(tmp_path.glob("deferq-bench-*")), "the scratch directory was left behind"
