@@ -25,11 +25,9 @@ import copy
 import logging
 import threading
 from typing import Final
-from zlib import crc32
 
+from deferq._compact import copy_survivors
 from deferq._deadindex import (
-    DEAD_BODY_PREFIX,
-    ID_START,
     DeadIndex,
     NeedleScan,
     RecordReader,
@@ -39,33 +37,25 @@ from deferq._deadindex import (
 from deferq._env import Env, FileStat, OpenFlag
 from deferq._errors import DeadTasksLockTimeout, StorageBrokenError, StorageClosedError
 from deferq._format import (
-    CRC_HEX_BYTES,
-    HEADER_BYTES,
     BadLine,
     dead_data_name,
     dead_lock_name,
     dead_tmp_name,
-    decode_dead_line,
     decode_dead_payload,
     decode_dead_record,
     encode_dead,
 )
-from deferq._io import chunks_forward, join, lines_backward, repair_tail, write_all
+from deferq._io import join, lines_backward, repair_tail, write_all
 from deferq._limits import (
     FILE_MODE,
     GROUP_COMMIT_ROUNDS_MAX,
     LINE_BYTES_MAX,
     LOCK_ATTEMPTS_MAX,
-    TASK_ID_BYTES_MAX,
-    WRITE_BATCH_BYTES,
     lock_sleep_s,
 )
-from deferq._recovery import RawLine
 from deferq._types import DeadTask
 
 log = logging.getLogger("deferq")
-
-_dead_line = dead_line  # the name the mutant catalogue and older code use
 
 
 def parent_dir(path: str) -> str:
@@ -616,83 +606,16 @@ class DeadTaskStore:
             self._fsync_dir_after_rename()
 
     def _copy_survivors(self, tmp_fd: int, task_ids: set[str]) -> set[str]:
-        """Implements S-5, S-15: copy every valid record not requested, in large batches.
+        """Implements S-5, S-15: copy every valid record not requested to ``tmp_fd``.
 
-        One forward pass in ``READ_CHUNK_BYTES`` chunks; each line's frame is
-        checked (CRC and id) but no payload is decoded, and runs of surviving
-        lines are copied as slices of the chunk. Damaged lines are dropped and
-        counted exactly as the line splitter of ``_recovery`` would (R-@B..R-@F,
-        R-@K): only lines that are not a clean valid record, or that span two
-        chunks, take the slow path through ``dead_line``.
+        Returns the requested ids found; logs the damaged lines dropped (S-7).
         """
         env = self._env
         fd = self._open_data(OpenFlag.READ)
         if fd is None:
             return set()
-        wanted = {task_id.encode("utf-8"): task_id for task_id in task_ids}
-        found: set[str] = set()
-        out = _Batches(env, tmp_fd)
-        dropped = 0
         try:
-            carry: list[bytes] = []
-            carry_bytes = 0
-            overlong = False
-            for chunk in chunks_forward(env, fd, env.fstat(fd).size):
-                clean = b"\0" not in chunk
-                pos = 0  # where the next line starts in the chunk
-                run = 0  # where the current run of surviving lines started
-                newline = chunk.find(b"\n")
-                if newline >= 0 and (carry_bytes or overlong):
-                    # The line that began in an earlier chunk ends here: the slow path.
-                    length = carry_bytes + newline
-                    if overlong or length > LINE_BYTES_MAX:
-                        dropped += 1  # R-@E
-                    else:
-                        dropped += _copy_line(out, b"".join(carry) + chunk[:newline],
-                                              task_ids, found)
-                    carry, carry_bytes, overlong = [], 0, False
-                    pos = run = newline + 1
-                    newline = chunk.find(b"\n", pos)
-                view = memoryview(chunk)
-                while newline >= 0:
-                    short = newline - pos <= LINE_BYTES_MAX
-                    # clean_id(chunk, pos, newline), inlined: this loop runs once per record.
-                    raw_id = None
-                    id_start = pos + ID_START
-                    if (clean and short and id_start < newline
-                            and chunk[pos + CRC_HEX_BYTES] == 0x3A
-                            and chunk.startswith(DEAD_BODY_PREFIX, pos + HEADER_BYTES)
-                            and b"%08x" % crc32(view[pos + HEADER_BYTES:newline])
-                            == chunk[pos:pos + CRC_HEX_BYTES]):
-                        colon = chunk.find(b":", id_start, newline)
-                        if colon > id_start:
-                            raw_id = chunk[id_start:colon]
-                            if not raw_id.isascii() or len(raw_id) > TASK_ID_BYTES_MAX:
-                                raw_id = None
-                    if raw_id is not None and raw_id not in wanted:
-                        pass  # a survivor: it stays in the run
-                    else:
-                        out.add(chunk[run:pos])
-                        if raw_id is not None:
-                            found.add(wanted[raw_id])
-                        elif not short:
-                            dropped += 1  # R-@E
-                        else:
-                            dropped += _copy_line(out, chunk[pos:newline], task_ids, found)
-                        run = newline + 1
-                    pos = newline + 1
-                    newline = chunk.find(b"\n", pos)
-                out.add(chunk[run:pos])
-                rest = len(chunk) - pos
-                if rest:
-                    carry_bytes += rest
-                    if overlong or carry_bytes > LINE_BYTES_MAX:
-                        overlong, carry = True, []
-                    else:
-                        carry.append(chunk[pos:])
-            if carry_bytes or overlong:
-                dropped += 1  # the torn tail (R-@F)
-            out.flush()
+            found, dropped = copy_survivors(env, fd, tmp_fd, task_ids)
         finally:
             env.close(fd)
         if dropped and found:
@@ -724,39 +647,6 @@ class _Held:
 
     def __exit__(self, *exc_info: object) -> None:
         self._store._release()
-
-
-class _Batches:
-    """Bytes for the staging file, written in batches of about ``WRITE_BATCH_BYTES`` (S-15)."""
-
-    def __init__(self, env: Env, fd: int) -> None:
-        self._env = env
-        self._fd = fd
-        self._parts: list[bytes] = []
-        self._bytes = 0
-
-    def add(self, data: bytes) -> None:
-        if data:
-            self._parts.append(data)
-            self._bytes += len(data)
-            if self._bytes >= WRITE_BATCH_BYTES:
-                self.flush()
-
-    def flush(self) -> None:
-        if self._parts:
-            write_all(self._env, self._fd, b"".join(self._parts))
-            self._parts, self._bytes = [], 0
-
-
-def _copy_line(out: _Batches, line: bytes, task_ids: set[str], found: set[str]) -> int:
-    """The slow path of one complete line: keep it, drop it, or keep its R-@K rest."""
-    framed, data, faults = dead_line(RawLine(0, line))
-    if framed is not None and data is not None:
-        if framed.task_id in task_ids:
-            found.add(framed.task_id)
-        else:
-            out.add(data + b"\n")
-    return faults
 
 
 def _needle(task_id: str) -> bytes:

@@ -402,7 +402,7 @@ def reference_compaction(data: bytes, task_ids: set[str],
 def test_streaming_compaction_writes_exactly_what_the_line_by_line_compaction_wrote(
         data: bytes, task_ids: set[str], chunk: int, line_max: int) -> None:
     """Any chunking, any damage: the same survivors, the same found ids, the same count."""
-    from deferq import _deadstore, _io
+    from deferq import _compact, _deadstore, _io
 
     disk = SimDisk(4)
     env = disk.process()
@@ -413,7 +413,7 @@ def test_streaming_compaction_writes_exactly_what_the_line_by_line_compaction_wr
     tmp = env.open("/out", OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE)
     with pytest.MonkeyPatch.context() as patch, captured() as handler:
         patch.setattr(_io, "READ_CHUNK_BYTES", chunk)  # compaction reads with chunks_forward
-        patch.setattr(_deadstore, "LINE_BYTES_MAX", line_max)
+        patch.setattr(_compact, "LINE_BYTES_MAX", line_max)
         found = store._copy_survivors(tmp, task_ids)
     written = env.pread(tmp, env.fstat(tmp).size, 0)
     want, want_found, dropped = reference_compaction(data, task_ids, line_max)

@@ -14,7 +14,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "deferq"
 PURE = ("_format.py", "_recovery.py", "_limits.py", "_types.py", "_errors.py", "_model.py")
-ENGINE = ("_wal.py", "_deadstore.py", "_io.py", "_env.py", "_ids.py")
+ENGINE = ("_wal.py", "_deadstore.py", "_compact.py", "_io.py", "_env.py", "_ids.py")
 WORLD = {"os", "io", "fcntl", "time", "random", "pathlib", "shutil", "tempfile", "socket",
          "subprocess", "signal", "mmap", "glob", "posix", "datetime", "secrets"}
 
