@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections import deque
 from collections.abc import Iterator
 
 import bench_sqlite as sq
@@ -26,7 +27,8 @@ from bench_common import (
     make_exception,
     write_all,
 )
-from deferq._format import dead_data_name, encode_add, encode_dead, encode_rem
+from deferq._format import dead_data_name, encode_add, encode_dead, encode_rem, is_wal_file_name
+from deferq.backends import Disk
 
 CHUNK = 1 << 16
 DEAD_CONTEXT_SEED = 3
@@ -189,6 +191,22 @@ def build_orphan_wal(path: str, sqlite_dir: str, adds: int, live: int) -> None:
     sq.checkpoint_close(conn)
 
 
+def build_rotated_wal(directory: str, adds: int, live: int) -> list[str]:
+    """The traffic of ``build_orphan_wal`` written through ``Disk`` (default rotation, W-9) in
+    ``directory``; return the WAL files left when it closed."""
+    context = random.Random(4).randbytes(WAL_CONTEXT_BYTES)
+    pending: deque[str] = deque()
+    disk = Disk(path=directory, fsync_frequency=0.5)
+    try:
+        for i in range(adds):
+            pending.append(disk.add_task(context, SEED0 + 3_600 if i % 10 == 0 else None))
+            if i >= live:
+                disk.remove_task(pending.popleft())
+    finally:
+        disk.close()
+    return sorted(name for name in os.listdir(directory) if is_wal_file_name(PREFIX, name))
+
+
 def raw_replay(path: str) -> dict[bytes, bytes]:
     """Baseline replay: read the file, split lines, keep a dict id -> add line, apply removes."""
     with open(path, "rb") as f:
@@ -210,5 +228,5 @@ def expected_page(ids: list[str], limit: int, offset: int) -> list[str]:
     return newest[offset:offset + limit]
 
 
-__all__ = ["PAGE", "build_dead_store", "build_orphan_wal", "expected_page", "raw_find",
+__all__ = ["PAGE", "build_dead_store", "build_orphan_wal", "build_rotated_wal", "expected_page", "raw_find",
            "raw_list", "raw_remove", "raw_replay", "regions_newest_first"]

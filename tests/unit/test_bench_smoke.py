@@ -27,7 +27,7 @@ EXPECTED_ROWS = {
     "enq_power_queue_16", "dead_add_1p", "dead_add_2p", "dead_list_newest", "dead_list_offset",
     "dead_find_recent", "dead_find_oldest", "dead_find_missing", "dead_find_recent_cold",
     "dead_find_oldest_cold", "dead_find_missing_cold", "dead_remove_1", "dead_remove_many",
-    "replay",
+    "replay", "replay_rotated",
 }
 EXPECTED_MEMORY = {"dead_list_newest", "dead_list_offset", "dead_find_recent",
                    "dead_find_oldest", "dead_find_missing", "replay"}
@@ -81,7 +81,7 @@ def test_only_selects_workloads_and_rejects_unknown_names(tmp_path: Path) -> Non
     done = run_bench(tmp_path, "--only", "replay")
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((tmp_path / "results.jsonl").read_text(encoding="utf-8"))
-    assert [row["key"] for row in record["rows"]] == ["replay"]
+    assert [row["key"] for row in record["rows"]] == ["replay", "replay_rotated"]
     bad = run_bench(tmp_path, "--only", "replay,nosuch")
     assert bad.returncode == 2
     assert "unknown workload nosuch" in bad.stderr
