@@ -19,7 +19,7 @@ from deferq._env import Env
 from deferq._format import CRC_HEX_BYTES, HEADER_BYTES
 from deferq._io import chunks_forward, write_all
 from deferq._limits import LINE_BYTES_MAX, TASK_ID_BYTES_MAX, WRITE_BATCH_BYTES
-from deferq._recovery import RawLine
+from deferq._recovery import ChunkLines, RawLine
 
 
 def copy_survivors(env: Env, fd: int, tmp_fd: int, task_ids: set[str]) -> tuple[set[str], int]:
@@ -29,36 +29,29 @@ def copy_survivors(env: Env, fd: int, tmp_fd: int, task_ids: set[str]) -> tuple[
 
     One forward pass in ``READ_CHUNK_BYTES`` chunks; each line's frame is
     checked (CRC and id) but no payload is decoded, and runs of surviving
-    lines are copied as slices of the chunk. Damaged lines are dropped and
-    counted exactly as the line splitter of ``_recovery`` would (R-@B..R-@F,
-    R-@K): only lines that are not a clean valid record, or that span two
-    chunks, take the slow path through ``dead_line``.
+    lines are copied as slices of the chunk (``ChunkLines`` carries the lines
+    that span chunks). Damaged lines are dropped and counted exactly as the
+    line splitter of ``_recovery`` would (R-@B..R-@F, R-@K): only lines that are
+    not a clean valid record, or that span two chunks, take the slow path
+    through ``dead_line``.
     """
     wanted = {task_id.encode("utf-8"): task_id for task_id in task_ids}
     found: set[str] = set()
     out = _Batches(env, tmp_fd)
     dropped = 0
-    carry: list[bytes] = []
-    carry_bytes = 0
-    overlong = False
+    lines = ChunkLines(0, LINE_BYTES_MAX)  # read here: a test patches this module's limit
     for chunk in chunks_forward(env, fd, env.fstat(fd).size):
-        clean = b"\0" not in chunk
-        pos = 0  # where the next line starts in the chunk
-        run = 0  # where the current run of surviving lines started
-        newline = chunk.find(b"\n")
-        if newline >= 0 and (carry_bytes or overlong):
-            # The line that began in an earlier chunk ends here: the slow path.
-            length = carry_bytes + newline
-            if overlong or length > LINE_BYTES_MAX:
+        pos, end, spanning = lines.feed(chunk)
+        if spanning is not None:  # a line that began in an earlier chunk: the slow path
+            if spanning.data is None:
                 dropped += 1  # R-@E
             else:
-                dropped += _copy_line(out, b"".join(carry) + chunk[:newline],
-                                      task_ids, found)
-            carry, carry_bytes, overlong = [], 0, False
-            pos = run = newline + 1
-            newline = chunk.find(b"\n", pos)
+                dropped += _copy_line(out, spanning.data, task_ids, found)
+        clean = b"\0" not in chunk
+        run = pos  # where the current run of surviving lines started
         view = memoryview(chunk)
-        while newline >= 0:
+        while pos < end:
+            newline = chunk.find(b"\n", pos)
             short = newline - pos <= LINE_BYTES_MAX
             # clean_id(chunk, pos, newline), inlined: this loop runs once per record.
             raw_id = None
@@ -85,16 +78,8 @@ def copy_survivors(env: Env, fd: int, tmp_fd: int, task_ids: set[str]) -> tuple[
                     dropped += _copy_line(out, chunk[pos:newline], task_ids, found)
                 run = newline + 1
             pos = newline + 1
-            newline = chunk.find(b"\n", pos)
-        out.add(chunk[run:pos])
-        rest = len(chunk) - pos
-        if rest:
-            carry_bytes += rest
-            if overlong or carry_bytes > LINE_BYTES_MAX:
-                overlong, carry = True, []
-            else:
-                carry.append(chunk[pos:])
-    if carry_bytes or overlong:
+        out.add(chunk[run:end])
+    if lines.torn:
         dropped += 1  # the torn tail (R-@F)
     out.flush()
     return found, dropped

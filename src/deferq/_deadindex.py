@@ -41,7 +41,7 @@ from deferq._format import (
     decode_dead_line,
 )
 from deferq._limits import LINE_BYTES_MAX, READ_CHUNK_BYTES, TASK_ID_BYTES_MAX
-from deferq._recovery import RawLine, line_body
+from deferq._recovery import ChunkLines, RawLine, line_body
 
 
 def dead_line(raw: RawLine) -> tuple[DeadLine | None, bytes | None, int]:
@@ -148,34 +148,21 @@ class DeadIndex:
         """Index the complete lines of ``fd[end:size]`` (S-10); the torn tail stays unindexed."""
         if size <= self.end:
             return
-        offset = self.end
-        line_start = offset
-        carry: list[bytes] = []
-        carry_bytes = 0
-        overlong = False
+        lines = ChunkLines(self.end, LINE_BYTES_MAX)
         last_start = -1
-        while offset < size:
-            want = min(READ_CHUNK_BYTES, size - offset)
-            chunk = env.pread(fd, want, offset)
+        while lines.offset < size:
+            base = lines.offset
+            want = min(READ_CHUNK_BYTES, size - base)
+            chunk = env.pread(fd, want, base)
             if len(chunk) != want:
-                raise OSError(f"short read at offset {offset}: file changed while locked")
-            base = offset
-            offset += want
+                raise OSError(f"short read at offset {base}: file changed while locked")
+            pos, end, spanning = lines.feed(chunk)
+            if spanning is not None:  # a line that began in an earlier chunk
+                last_start = spanning.offset
+                self._add_line(last_start, spanning.data, base + pos - 1 - last_start)
             clean = b"\0" not in chunk
-            pos = 0
-            newline = chunk.find(b"\n")
-            if newline >= 0 and (carry_bytes or overlong):
-                length = carry_bytes + newline  # a line that began in an earlier chunk
-                if overlong or length > LINE_BYTES_MAX:
-                    self._add_line(line_start, None, length)
-                else:
-                    self._add_line(line_start, b"".join(carry) + chunk[:newline], length)
-                last_start = line_start
-                line_start += length + 1
-                carry, carry_bytes, overlong = [], 0, False
-                pos = newline + 1
+            while pos < end:
                 newline = chunk.find(b"\n", pos)
-            while newline >= 0:
                 short = newline - pos <= LINE_BYTES_MAX
                 raw_id = clean_id(chunk, pos, newline) if clean and short else None
                 if raw_id is not None:
@@ -186,15 +173,7 @@ class DeadIndex:
                     self._add_line(base + pos, chunk[pos:newline], newline - pos)
                 last_start = base + pos
                 pos = newline + 1
-                newline = chunk.find(b"\n", pos)
-            line_start = base + pos if pos else line_start
-            rest = len(chunk) - pos
-            if rest:
-                carry_bytes += rest
-                if overlong or carry_bytes > LINE_BYTES_MAX:
-                    overlong, carry = True, []
-                else:
-                    carry.append(chunk[pos:])
+        line_start = lines.line_start
         if last_start >= 0:
             self.end = line_start
             self.check_start = max(last_start, self.end - READ_CHUNK_BYTES)

@@ -33,7 +33,7 @@ from deferq._format import (
     raw_id_ok,
 )
 from deferq._limits import LINE_BYTES_MAX, TASK_ID_BYTES_MAX
-from deferq._recovery import RawLine, WalReplay, line_body
+from deferq._recovery import ChunkLines, RawLine, WalReplay, line_body
 
 _B64_ALPHABET: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 
@@ -82,36 +82,25 @@ class FastWalReplay:
 
     def apply_file(self, chunks: Iterable[bytes]) -> None:
         """Apply every line of one file, given as its chunks in order, the torn tail last (R-@F)."""
-        parts: list[bytes] = []  # the partial line carried over chunk boundaries
-        held = 0
-        overlong = False
+        carried = ChunkLines(0, LINE_BYTES_MAX)
         for chunk in chunks:
-            lines = chunk.split(b"\n")
-            last = lines.pop()
-            if lines and (held or overlong):
-                first = lines.pop(0)
-                if overlong or held + len(first) > LINE_BYTES_MAX:
+            pos, end, spanning = carried.feed(chunk)
+            if spanning is not None:  # a line that began in an earlier chunk
+                if spanning.data is None:
                     self._fault(LineFault.OVERLONG)  # R-@E
                 else:
-                    parts.append(first)
-                    self._apply_lines([b"".join(parts)], False)
-                parts.clear()
-                held = 0
-                overlong = False
-            if lines:
+                    self._apply_lines([spanning.data], False)
+            if pos < end:
+                lines = chunk.split(b"\n")  # the chunk's own lines, in place of a sliced copy
+                lines.pop()  # the bytes after the last newline: ChunkLines holds them
+                if pos:
+                    del lines[0]  # the end of the spanning line
                 # No line of the chunk is longer than the chunk, and one scan of the chunk
                 # for NUL spares a search per line.
                 clean = len(chunk) <= LINE_BYTES_MAX and b"\0" not in chunk
                 if not (clean and self._apply_chunk(lines)):
                     self._apply_lines(lines, clean)
-            if last:
-                held += len(last)
-                if overlong or held > LINE_BYTES_MAX:
-                    overlong = True
-                    parts.clear()
-                else:
-                    parts.append(last)
-        if held or overlong:
+        if carried.torn:
             self._fault(LineFault.TORN_TAIL)  # R-@F: whatever its bytes, a tail is only counted
 
     def _apply_chunk(self, lines: list[bytes]) -> bool:

@@ -3,10 +3,13 @@
 Theory of operation: the engine reads files in bounded chunks through the
 filesystem seam and feeds them to the splitters here, which hold at most one
 partial line (capped at ``LINE_BYTES_MAX``) and never the whole file (D-14).
-``ForwardLines`` walks a file from its start (replay, compaction, verify);
+``ForwardLines`` walks a file from its start (the reference replay, verify);
 ``BackwardLines`` walks it from its end (list/find newest first). Each yields
 ``RawLine`` values: complete lines, over-long lines (data dropped), and at the
-end the torn tail, if the file does not end with a newline.
+end the torn tail, if the file does not end with a newline. ``ChunkLines`` is
+the forward splitter of the fast paths (replay, compaction, the dead-task
+index): it hands back each chunk cut at its last newline, so they read the
+chunk's lines in place, plus the line that spans chunks.
 
 ``RECOVERY_TABLE`` is spec/recovery.md's decision table as data, with the same
 labels; a test checks the two agree. ``WalReplay`` applies the table to a WAL,
@@ -130,6 +133,74 @@ class ForwardLines:
             return None
         data = None if self._overlong else b"".join(self._parts)
         return RawLine(self._line_start, data, complete=False)
+
+
+class ChunkLines:
+    """``ForwardLines`` for the fast paths: it cuts each chunk at its last newline.
+
+    The readers that walk a whole file (replay W-16, compaction S-15, the index
+    S-10) read each chunk's own complete lines in place, as slices of the chunk,
+    and only a line that spans chunks needs joining. ``feed`` does the joining
+    and the carrying: it holds the bytes after a chunk's last newline (at most
+    ``line_bytes_max`` of them; an over-long line keeps only its length, R-@E)
+    and hands back the line they complete, so each reader keeps only its loop
+    over ``chunk[pos:end]``. ``tests/property/test_splitters.py`` checks it
+    against ``ForwardLines`` under any chunking.
+    """
+
+    __slots__ = ("_parts", "_held_bytes", "_overlong", "_line_bytes_max", "line_start", "offset")
+
+    def __init__(self, start_offset: int = 0, line_bytes_max: int = LINE_BYTES_MAX) -> None:
+        self._parts: list[bytes] = []
+        self._held_bytes = 0
+        self._overlong = False
+        self._line_bytes_max = line_bytes_max
+        self.line_start = start_offset  # where the line being held (or the next one) starts
+        self.offset = start_offset  # where the next chunk starts
+
+    def feed(self, chunk: bytes) -> tuple[int, int, RawLine | None]:
+        """``(pos, end, spanning)`` for the chunk that follows the previous ones.
+
+        ``chunk[pos:end]`` holds the chunk's own complete lines, each with its
+        newline (``pos == end`` when there are none; ``end`` is just past the
+        chunk's last newline). ``spanning`` is the line that began in an earlier
+        chunk and ends in this one (its data None when over-long, R-@E), else None.
+        """
+        base = self.offset
+        self.offset = base + len(chunk)
+        first = chunk.find(b"\n")
+        if first < 0:
+            self._hold(chunk)
+            return 0, 0, None
+        spanning = None
+        pos = 0
+        if self._held_bytes or self._overlong:
+            length = self._held_bytes + first
+            data = (None if self._overlong or length > self._line_bytes_max
+                    else b"".join(self._parts) + chunk[:first])
+            spanning = RawLine(self.line_start, data)
+            self._parts = []
+            self._held_bytes = 0
+            self._overlong = False
+            pos = first + 1
+        end = chunk.rfind(b"\n") + 1
+        self.line_start = base + end
+        if end < len(chunk):
+            self._hold(chunk[end:])
+        return pos, end, spanning
+
+    def _hold(self, piece: bytes) -> None:
+        self._held_bytes += len(piece)
+        if self._overlong or self._held_bytes > self._line_bytes_max:
+            self._overlong = True
+            self._parts = []
+        else:
+            self._parts.append(piece)
+
+    @property
+    def torn(self) -> bool:
+        """Bytes after the last newline fed so far: the torn tail, if the file ends here (R-@F)."""
+        return self._held_bytes > 0
 
 
 class BackwardLines:

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deferq._format import LineFault, encode_add, encode_rem, id_seed
-from deferq._recovery import BackwardLines, ForwardLines, RawLine, WalReplay, live_fields
+from deferq._recovery import BackwardLines, ChunkLines, ForwardLines, RawLine, WalReplay, live_fields
 
 files = st.one_of(
     st.binary(max_size=64),
@@ -60,10 +60,46 @@ def forward(chunks: list[bytes], line_bytes_max: int, start: int = 0) -> list[Ra
     return out if tail is None else [*out, tail]
 
 
+def chunk_lines(chunks: list[bytes], line_bytes_max: int, start: int = 0) -> list[RawLine]:
+    """The lines ``ChunkLines`` hands a fast path: the spanning line, then the chunk's own
+    lines (over-long ones as None, as a fast path checks them), then the torn tail."""
+    splitter = ChunkLines(start, line_bytes_max)
+    out: list[RawLine] = []
+    for chunk in chunks:
+        base = splitter.offset
+        pos, end, spanning = splitter.feed(chunk)
+        assert splitter.offset == base + len(chunk)
+        assert 0 <= pos <= end <= len(chunk) and (end == 0 or chunk[end - 1:end] == b"\n")
+        assert b"\n" not in chunk[end:]
+        if spanning is not None:
+            out.append(spanning)
+        while pos < end:
+            newline = chunk.index(b"\n", pos)
+            piece = chunk[pos:newline]
+            out.append(RawLine(base + pos, piece if len(piece) <= line_bytes_max else None))
+            pos = newline + 1
+    if splitter.torn:
+        # A fast path only counts the tail: its offset is where the held line starts.
+        out.append(RawLine(splitter.line_start, None, complete=False))
+    return out
+
+
 def backward(chunks: list[bytes], line_bytes_max: int) -> list[RawLine]:
     splitter = BackwardLines(sum(map(len, chunks)), line_bytes_max)
     out = [raw for chunk in reversed(chunks) for raw in splitter.feed(chunk)]
     return out + splitter.finish()
+
+
+@pytest.mark.spec("R-@E", "R-@F")
+@given(chunked_files(), line_limits, st.integers(0, 1000))
+def test_chunk_lines_hand_the_fast_paths_the_lines_of_forward_lines(
+        file: tuple[bytes, list[bytes]], line_bytes_max: int, start: int) -> None:
+    """Every complete line once, in order, at its offset, over-long ones without data; the
+    torn tail reported (its bytes are never needed: every fast path only counts it)."""
+    data, chunks = file
+    want = [raw if raw.complete else RawLine(raw.offset, None, complete=False)
+            for raw in forward(chunks, line_bytes_max, start)]
+    assert chunk_lines(chunks, line_bytes_max, start) == want
 
 
 @pytest.mark.slow
