@@ -47,18 +47,16 @@ from pathlib import Path
 import bench_reads as rd
 import bench_sqlite as sq
 import bench_writes as wr
+from bench_cli import add_options, append_json_line, config_and_names, git, loadavg
 from bench_common import (
     ATTEMPTS,
-    CONFIGS,
     FAKE_PID,
-    FULL,
     PAGE,
     PREFIX,
     TASK_CLASS,
     Config,
     Sample,
     Scratch,
-    copy_durably,
     fmt_s,
     log,
     repeated,
@@ -290,7 +288,11 @@ def list_floor(data_path: str, limit: int) -> list[tuple[str, object]]:
 
 
 def replay_floor(path: str) -> dict[bytes, bytes]:
-    """The raw replay plus the one check every WAL reader must make: each line's CRC."""
+    """The raw replay plus the one check every WAL reader must make: each line's CRC.
+
+    A copy of ``bench_reads.raw_replay``'s loop with the check added, on purpose: a shared
+    loop with a flag would slow the raw baseline, and a filter stage would slow the floor.
+    """
     with open(path, "rb") as f:
         data = f.read()
     live: dict[bytes, bytes] = {}
@@ -364,19 +366,7 @@ def study_replay(cfg: Config, scratch: Scratch) -> Study:
     scratch.remove(sqlite_dir)
 
     def deferq() -> float:
-        path = scratch.fresh_dir("floor-replay-deferq")
-        copy_durably(wal, os.path.join(path, os.path.basename(wal)))  # as the main benchmark
-        try:
-            start = time.perf_counter()
-            disk = Disk(path=path, fsync_frequency=0)
-            elapsed = time.perf_counter() - start
-            count = len(disk.pending_tasks())
-            disk.close()
-        finally:
-            scratch.remove(path)
-        if count != live:
-            raise AssertionError(f"replay: {count} live of {live}")
-        return elapsed
+        return rd.timed_disk_open(scratch, [wal], live, "replay")  # bench_storage's sample
 
     def timed(replay: Callable[[str], dict[bytes, bytes]], name: str) -> Sample:
         def sample() -> float:
@@ -433,31 +423,9 @@ def report(studies: list[Study], cfg: Config, runtime_s: float, meta: dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="smaller sizes, 3 repetitions")
-    size.add_argument("--smoke", action="store_true",
-                      help="tiny sizes, 2 repetitions: checks the command runs (seconds)")
-    parser.add_argument("--only", action="append", default=[], metavar="NAME[,NAME]",
-                        help=f"run only these studies: {', '.join(STUDIES)} (repeatable)")
-    parser.add_argument("--json-out", type=Path, default=DEFAULT_JSON_OUT,
-                        help="append one JSON line per run here (default: %(default)s)")
-    parser.add_argument("--dir", default=None,
-                        help="create the scratch directory under this one (default: /tmp)")
-    parser.add_argument("--reps", type=int, default=None,
-                        help="override the repetitions of every workload")
+    add_options(parser, list(STUDIES), "study", DEFAULT_JSON_OUT, "smaller sizes, 3 repetitions")
     args = parser.parse_args(argv)
-    cfg = CONFIGS["quick"] if args.quick else CONFIGS["smoke"] if args.smoke else FULL
-    if args.reps is not None:
-        if args.reps < 1:
-            parser.error(f"--reps must be at least 1, got {args.reps}")
-        cfg = dataclasses.replace(cfg, reps=args.reps, heavy_reps=args.reps)
-    if args.dir is not None and not os.path.isdir(args.dir):
-        parser.error(f"--dir {args.dir!r} is not an existing directory")
-    names = [n.strip() for v in args.only for n in v.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(STUDIES))
-    if unknown:
-        parser.error(f"--only: unknown study {', '.join(unknown)}; choose from {', '.join(STUDIES)}")
-    from bench_storage import git, loadavg
+    cfg, names = config_and_names(parser, args, list(STUDIES), "study")
     meta: dict[str, object] = {
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git("rev-parse", "HEAD"), "loadavg_start": loadavg(),
@@ -466,21 +434,16 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Scratch(args.dir)
     studies: list[Study] = []
     try:
-        for name, study in STUDIES.items():
-            if names and name not in names:
-                continue
+        for name in names:
             log(f"== {name}")
-            studies.append(study(cfg, scratch))
+            studies.append(STUDIES[name](cfg, scratch))
     finally:
         scratch.cleanup()
     runtime = time.perf_counter() - started
     print(report(studies, cfg, runtime, meta), flush=True)
     record = {**meta, "kind": "floors", "mode": cfg.mode, "runtime_s": runtime,
               "config": dataclasses.asdict(cfg), "studies": [s.to_json() for s in studies]}
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    with args.json_out.open("a", encoding="utf-8") as out:
-        out.write(json.dumps(record, sort_keys=True) + "\n")
-    log(f"appended results to {args.json_out}")
+    append_json_line(args.json_out, record)
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from collections import deque
 from collections.abc import Iterator
 
@@ -22,6 +23,8 @@ from bench_common import (
     PREFIX,
     SEED0,
     Failure,
+    Scratch,
+    copy_durably,
     dead_json,
     dead_task,
     make_exception,
@@ -207,6 +210,28 @@ def build_rotated_wal(directory: str, adds: int, live: int) -> list[str]:
     return sorted(name for name in os.listdir(directory) if is_wal_file_name(PREFIX, name))
 
 
+def timed_disk_open(scratch: Scratch, sources: list[str], live: int, what: str) -> float:
+    """Seconds for ``Disk(path=...)`` on a fresh directory holding durable copies of the WAL
+    files ``sources`` (it claims and replays them, and may rewrite them: that is part of the
+    cost); checks that ``live`` tasks are pending after it."""
+    path = scratch.fresh_dir("replay-deferq")
+    for source in sources:
+        copy_durably(source, os.path.join(path, os.path.basename(source)))
+    try:
+        start = time.perf_counter()
+        disk = Disk(path=path, fsync_frequency=0)
+        elapsed = time.perf_counter() - start
+        try:
+            count = len(disk.pending_tasks())
+        finally:
+            disk.close()
+    finally:
+        scratch.remove(path)
+    if count != live:
+        raise AssertionError(f"{what}: {count} live of {live}")
+    return elapsed
+
+
 def raw_replay(path: str) -> dict[bytes, bytes]:
     """Baseline replay: read the file, split lines, keep a dict id -> add line, apply removes."""
     with open(path, "rb") as f:
@@ -229,4 +254,4 @@ def expected_page(ids: list[str], limit: int, offset: int) -> list[str]:
 
 
 __all__ = ["PAGE", "build_dead_store", "build_orphan_wal", "build_rotated_wal", "expected_page", "raw_find",
-           "raw_list", "raw_remove", "raw_replay", "regions_newest_first"]
+           "raw_list", "raw_remove", "raw_replay", "regions_newest_first", "timed_disk_open"]

@@ -25,20 +25,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
-import json
 import math
 import os
 import platform
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench_common import CONFIGS, FULL, SIDES, Config, Results, Row, Scratch, fmt_bytes, fmt_s, log
+from bench_cli import add_options, append_json_line, config_and_names, git, loadavg
+from bench_common import SIDES, Config, Results, Row, Scratch, fmt_bytes, fmt_s, log
 from bench_workloads import GROUPS, ROW_KEYS, bench_dead_reads
 
-REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JSON_OUT = Path(__file__).resolve().parent / "results.jsonl"
 
 
@@ -88,55 +86,12 @@ def report(res: Results, cfg: Config, runtime_s: float, meta: dict[str, object])
     ])
 
 
-def git(*args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", "--no-optional-locks", *args], cwd=REPO, capture_output=True,
-                              text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip()
-
-
-def loadavg() -> str:
-    try:
-        return "/".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "?"
-
-
-def parse_only(parser: argparse.ArgumentParser, values: list[str]) -> list[str]:
-    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(GROUPS))
-    if unknown:
-        parser.error(f"--only: unknown workload {', '.join(unknown)}; "
-                     f"choose from {', '.join(GROUPS)}")
-    return [g for g in GROUPS if g in names] if names else list(GROUPS)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true",
-                      help="smaller sizes and 3 repetitions (about a minute)")
-    size.add_argument("--smoke", action="store_true",
-                      help="tiny sizes, 2 repetitions: checks the benchmark runs (seconds)")
-    parser.add_argument("--only", action="append", default=[], metavar="NAME[,NAME]",
-                        help=f"run only these workloads: {', '.join(GROUPS)} (repeatable)")
-    parser.add_argument("--json-out", type=Path, default=DEFAULT_JSON_OUT,
-                        help="append one JSON line per run here (default: %(default)s)")
-    parser.add_argument("--dir", default=None,
-                        help="create the scratch directory under this one (default: /tmp)")
-    parser.add_argument("--reps", type=int, default=None,
-                        help="override the repetitions of every workload")
+    add_options(parser, list(GROUPS), "workload", DEFAULT_JSON_OUT,
+                "smaller sizes and 3 repetitions (about a minute)")
     args = parser.parse_args(argv)
-    cfg = CONFIGS["quick"] if args.quick else CONFIGS["smoke"] if args.smoke else FULL
-    groups = parse_only(parser, args.only)
-    if args.reps is not None:
-        if args.reps < 1:
-            parser.error(f"--reps must be at least 1, got {args.reps}")
-        cfg = dataclasses.replace(cfg, reps=args.reps, heavy_reps=args.reps)
-    if args.dir is not None and not os.path.isdir(args.dir):
-        parser.error(f"--dir {args.dir!r} is not an existing directory")
+    cfg, groups = config_and_names(parser, args, list(GROUPS), "workload")
 
     import sqlite3
     started = time.perf_counter()
@@ -180,10 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory": [m.to_json() for m in res.memory],
         "info": res.info,
     }
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    with args.json_out.open("a", encoding="utf-8") as out:
-        out.write(json.dumps(record, sort_keys=True) + "\n")
-    log(f"appended results to {args.json_out}")
+    append_json_line(args.json_out, record)
     return 0
 
 

@@ -301,26 +301,8 @@ def bench_replay(cfg: Config, scratch: Scratch, res: Results) -> None:
 
     # Each deferq sample opens a Disk on a fresh durable copy of the orphan WAL, alone in its
     # directory: Disk claims it and replays it (and may rewrite it: that is part of the cost).
-    def fresh_orphan() -> str:
-        path = scratch.fresh_dir("replay-deferq")
-        copy_durably(wal, os.path.join(path, os.path.basename(wal)))
-        return path
-
     def deferq() -> float:
-        path = fresh_orphan()
-        try:
-            start = time.perf_counter()
-            disk = Disk(path=path, fsync_frequency=0)
-            elapsed = time.perf_counter() - start
-            try:
-                count = len(disk.pending_tasks())
-            finally:
-                disk.close()
-        finally:
-            scratch.remove(path)
-        if count != live:
-            raise AssertionError(f"replay: {count} live of {live}")
-        return elapsed
+        return rd.timed_disk_open(scratch, [wal], live, "replay")
 
     def raw() -> float:
         start = time.perf_counter()
@@ -342,7 +324,8 @@ def bench_replay(cfg: Config, scratch: Scratch, res: Results) -> None:
     res.rows.append(run_trio(Row("replay", label, "call", REPLAY), cfg.heavy_reps,
                              deferq, raw, sqlite))
     log("measuring peak memory of replay (tracemalloc) ...")
-    path = fresh_orphan()
+    path = scratch.fresh_dir("replay-deferq")
+    copy_durably(wal, os.path.join(path, os.path.basename(wal)))
     peaks = {"deferq": peak_bytes(lambda: Disk(path=path, fsync_frequency=0).close()),
              "raw": peak_bytes(lambda: rd.raw_replay(wal)),
              "sqlite": peak_bytes(lambda: sq.load_tasks(sqlite_dir))}
@@ -364,22 +347,8 @@ def bench_replay(cfg: Config, scratch: Scratch, res: Results) -> None:
     log(f"  {len(files)} WAL file(s), {fmt_bytes(int(res.info['replay_rotated_wal_bytes']))}")
 
     def deferq_rotated() -> float:
-        path = scratch.fresh_dir("replay-rotated-deferq")
-        for name in files:
-            copy_durably(os.path.join(rotated, name), os.path.join(path, name))
-        try:
-            start = time.perf_counter()
-            disk = Disk(path=path, fsync_frequency=0)
-            elapsed = time.perf_counter() - start
-            try:
-                count = len(disk.pending_tasks())
-            finally:
-                disk.close()
-        finally:
-            scratch.remove(path)
-        if count != live:
-            raise AssertionError(f"rotated replay: {count} live of {live}")
-        return elapsed
+        return rd.timed_disk_open(scratch, [os.path.join(rotated, name) for name in files], live,
+                                  "rotated replay")
 
     label = (f"replay after {cfg.replay_records:,} records through Disk (rotating WAL), "
              f"{live:,} live")
