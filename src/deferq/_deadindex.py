@@ -173,9 +173,8 @@ class DeadIndex:
                     self._add_line(base + pos, chunk[pos:newline], newline - pos)
                 last_start = base + pos
                 pos = newline + 1
-        line_start = lines.line_start
         if last_start >= 0:
-            self.end = line_start
+            self.end = lines.line_start  # just past the last complete line
             self.check_start = max(last_start, self.end - READ_CHUNK_BYTES)
             window = env.pread(fd, self.end - self.check_start, self.check_start)
             if len(window) != self.end - self.check_start:

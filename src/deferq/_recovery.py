@@ -89,54 +89,37 @@ class RawLine:
 
 
 class ForwardLines:
-    """Split chunks fed in file order into lines, holding one partial line at most."""
+    """Split chunks fed in file order into lines, holding one partial line at most.
+
+    The per-line form of ``ChunkLines`` (which does the carrying): every line as a
+    ``RawLine``, for readers that take one line at a time.
+    """
 
     def __init__(self, start_offset: int = 0, line_bytes_max: int = LINE_BYTES_MAX) -> None:
-        self._parts: list[bytes] = []
-        self._held_bytes = 0
-        self._line_start = start_offset
-        self._overlong = False
+        self._lines = ChunkLines(start_offset, line_bytes_max)
         self._line_bytes_max = line_bytes_max
 
     def feed(self, chunk: bytes) -> list[RawLine]:
         """Return the lines completed by ``chunk``."""
-        out: list[RawLine] = []
-        pieces = chunk.split(b"\n")
-        for piece in pieces[:-1]:
-            length = self._held_bytes + len(piece)
-            if self._overlong or length > self._line_bytes_max:
-                out.append(RawLine(self._line_start, None))
-            elif self._parts:
-                out.append(RawLine(self._line_start, b"".join(self._parts) + piece))
-            else:
-                out.append(RawLine(self._line_start, piece))
-            self._line_start += length + 1
-            self._parts.clear()
-            self._held_bytes = 0
-            self._overlong = False
-        self._hold(pieces[-1])
+        base = self._lines.offset
+        pos, end, spanning = self._lines.feed(chunk)
+        out = [] if spanning is None else [spanning]
+        if pos < end:
+            limit = self._line_bytes_max
+            for piece in chunk[pos:end - 1].split(b"\n"):
+                out.append(RawLine(base + pos, piece if len(piece) <= limit else None))
+                pos += len(piece) + 1
         return out
-
-    def _hold(self, piece: bytes) -> None:
-        if not piece:
-            return
-        self._held_bytes += len(piece)
-        if self._overlong or self._held_bytes > self._line_bytes_max:
-            self._overlong = True
-            self._parts.clear()
-        else:
-            self._parts.append(piece)
 
     def finish(self) -> RawLine | None:
         """The torn tail (R-@F), or None when the file ended with a newline."""
-        if self._held_bytes == 0:
+        if not self._lines.torn:
             return None
-        data = None if self._overlong else b"".join(self._parts)
-        return RawLine(self._line_start, data, complete=False)
+        return RawLine(self._lines.line_start, self._lines.held(), complete=False)
 
 
 class ChunkLines:
-    """``ForwardLines`` for the fast paths: it cuts each chunk at its last newline.
+    """The forward splitter of the fast paths: it cuts each chunk at its last newline.
 
     The readers that walk a whole file (replay W-16, compaction S-15, the index
     S-10) read each chunk's own complete lines in place, as slices of the chunk,
@@ -145,7 +128,7 @@ class ChunkLines:
     ``line_bytes_max`` of them; an over-long line keeps only its length, R-@E)
     and hands back the line they complete, so each reader keeps only its loop
     over ``chunk[pos:end]``. ``tests/property/test_splitters.py`` checks it
-    against ``ForwardLines`` under any chunking.
+    (and ``ForwardLines``, built on it) against ``bytes.split`` under any chunking.
     """
 
     __slots__ = ("_parts", "_held_bytes", "_overlong", "_line_bytes_max", "line_start", "offset")
@@ -196,6 +179,10 @@ class ChunkLines:
             self._parts = []
         else:
             self._parts.append(piece)
+
+    def held(self) -> bytes | None:
+        """The bytes after the last newline fed so far (None once they passed the limit)."""
+        return None if self._overlong else b"".join(self._parts)
 
     @property
     def torn(self) -> bool:

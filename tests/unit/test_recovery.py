@@ -142,7 +142,7 @@ def test_over_long_lines_hold_no_more_than_the_limit() -> None:
     splitter = ForwardLines(0, 4)
     assert splitter.feed(b"x" * 3) == []
     assert splitter.feed(b"x" * 1000) == []
-    assert splitter._parts == []  # noqa: SLF001 - the bound is internal state by nature
+    assert splitter._lines._parts == []  # noqa: SLF001 - the bound is internal state by nature
     assert splitter.feed(b"x\nok\n") == [RawLine(0, None), RawLine(1005, b"ok")]
 
 
