@@ -16,8 +16,8 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from deferq._types import DeadTask
-from deferq.backends import exception_backtrace, exception_class_name
+from deferq._core.types import DeadTask
+from deferq.backends._deadtask import exception_backtrace, exception_class_name
 
 PREFIX = "deferred-"  # Disk's default prefix
 SEED0 = 1_796_169_600  # 2026-12-02T00:00:00Z: the leading "seed" second of the ids we write

@@ -62,7 +62,7 @@ from bench_common import (
     repeated,
 )
 from bench_workloads import DEFAULT_FSYNC_S
-from deferq._format import (
+from deferq._core.format import (
     BadLine,
     WalAdd,
     WalRem,

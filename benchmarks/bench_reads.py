@@ -30,7 +30,7 @@ from bench_common import (
     make_exception,
     write_all,
 )
-from deferq._format import dead_data_name, encode_add, encode_dead, encode_rem, is_wal_file_name
+from deferq._core.format import dead_data_name, encode_add, encode_dead, encode_rem, is_wal_file_name
 from deferq.backends import Disk
 
 CHUNK = 1 << 16

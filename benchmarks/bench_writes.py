@@ -35,8 +35,8 @@ from bench_common import (
     make_exception,
 )
 from deferq import DeadTasksLockTimeout, Queue, Task, TaskRegistry
-from deferq._format import encode_dead
-from deferq._serialize import JSON_CODEC, Context
+from deferq._core.format import encode_dead
+from deferq._runtime.serialize import JSON_CODEC, Context
 from deferq.backends import Disk
 
 RAW_LOG = "raw.log"

@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/crosshair check --analysis_kind=PEP316 --per_condition_timeout=4 --per_path_timeout=2 \
-    src/deferq/_format.py src/deferq/_recovery.py src/deferq/_limits.py
+    src/deferq/_core/format.py src/deferq/_core/recovery.py src/deferq/_core/limits.py
 echo "crosshair: no counterexamples"

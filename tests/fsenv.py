@@ -25,9 +25,9 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from deferq._env import Cancel, FileStat, MappedWindow, OpenFlag
-from deferq._osenv import OsEnv
-from deferq.testing._window import ForwardingWindow
+from deferq._engine.env import Cancel, FileStat, MappedWindow, OpenFlag
+from deferq._engine.osenv import OsEnv
+from deferq.crashtest._window import ForwardingWindow
 
 __all__ = ["Call", "Fault", "FaultyEnv", "ManualClock", "RecordingEnv", "Timer", "append_to_wal",
            "snapshot", "wal_bytes", "wal_size"]

@@ -3,20 +3,22 @@
 Public names only; see spec/ for the format and guarantees, docs/ for usage.
 """
 
-from deferq._config import Config, DiskOptions
-from deferq._errors import (
+from deferq._runtime.config import Config, DiskOptions
+from deferq._core.errors import (
     DeadTasksLockTimeout,
     DeferqError,
     LimitExceededError,
     StorageBrokenError,
     StorageClosedError,
 )
-from deferq._operator import Operator, Retried
-from deferq._queue import Queue
-from deferq._queue_parts import Backpressure, Clock, PushTimeout, SystemClock, UnloadableTaskError
-from deferq._serialize import ContextCodec, ContextError, SerializationError
-from deferq._task import Task, TaskFunction, TaskRegistry, task
-from deferq._types import DeadTask, PendingTask
+from deferq._runtime.operator import Operator, Retried
+from deferq._runtime.queue import Queue
+from deferq._runtime.backpressure import Backpressure
+from deferq._runtime.clock import Clock, SystemClock
+from deferq._runtime.errors import PushTimeout, UnloadableTaskError
+from deferq._runtime.serialize import ContextCodec, ContextError, SerializationError
+from deferq._runtime.task import Task, TaskFunction, TaskRegistry, task
+from deferq._core.types import DeadTask, PendingTask
 
 __all__ = [
     "Backpressure",

@@ -1,6 +1,6 @@
 """The simulated Env agrees with the real one, and the engine runs on it.
 
-Goal: every crash test built on ``deferq.testing`` is only as good as the simulator's
+Goal: every crash test built on ``deferq.crashtest`` is only as good as the simulator's
 fidelity when nothing crashes (the pyfakefs lesson: no-op fsync and flock, unfaked
 pread). Method: Hypothesis generates random sequences of seam calls (open with every
 flag combination, write, pread, ftruncate, allocate, seek, a store into a mapping, fstat, close,
@@ -31,12 +31,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deferq._env import Env, OpenFlag
-from deferq._format import is_wal_file_name
-from deferq._osenv import OsEnv
-from deferq._types import DeadTask, PendingTask
+from deferq._engine.env import Env, OpenFlag
+from deferq._core.format import is_wal_file_name
+from deferq._engine.osenv import OsEnv
+from deferq._core.types import DeadTask, PendingTask
 from deferq.backends import Disk
-from deferq.testing import Bound, SimDisk, SimEnv, flip_bit
+from deferq.crashtest import Bound, SimDisk, SimEnv, flip_bit
 
 PATHS = ("a", "b", "d", "d/a", "d/b", "a/x", "e/f", "d/")
 HANDLES = st.integers(0, 7)

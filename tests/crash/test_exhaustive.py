@@ -3,12 +3,12 @@
 Goal: no crash of any kind, at any point of any short workload, may leave a state the
 durability guarantees forbid (spec/durability.md), and ``deferq crash-test`` reports that
 in a stable summary line with a meaningful exit status. Method:
-``deferq.testing._explore.explore`` with ``max_ops=2`` over every distinct workload
+``deferq.crashtest._explore.explore`` with ``max_ops=2`` over every distinct workload
 (1-2 workers, both stores, fsync_frequency 0 and 0.5, empty and seeded start, with and
 without forced WAL rotation), at every syscall boundary, inside every write (torn), after
 an fsync EIO, and at every op boundary; for each, the process kill (volatile image) and
 every crash state of ``weakest`` (atomic renames, A-11), ``ext4_ordered`` and ``prefix``
-within ``CI_BOUND``; each recovery is checked by ``deferq._model.StorageModel``, the
+within ``CI_BOUND``; each recovery is checked by ``deferq._core.model.StorageModel``, the
 handoff rule and the recovery probe. Two shards run in parallel (CI has 2 cores). The
 CLI test runs the command in-process on a tiny bound with a one-mutant catalogue.
 """
@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from deferq._cli import main
-from deferq.testing._explore import CI_BOUND, explore
-from deferq.testing._workloads import Step, Workload
+from deferq.crashtest._explore import CI_BOUND, explore
+from deferq.crashtest._workloads import Step, Workload
 
 SUMMARY = re.compile(r"^crash-test: workloads=(\d+) crash_points=(\d+) states=(\d+) "
-                     r"violations=(\d+) mutants_caught=(\d+)/(\d+)$")
+                     r"violations=(\d+) mutants_caught=(\d+)/(\d+) complete=(yes|no)$")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -59,8 +59,8 @@ def _one_mutant_catalogue(tmp_path: Path, name: str) -> Path:
     directory = tmp_path / "mutants"
     directory.mkdir(parents=True)
     (directory / "catalogue.py").write_text(
-        "from deferq.testing import Engine, Mutant, Step, Workload\n"
-        "from tests.mutants.catalogue import MUTANTS as ALL\n"
+        "from deferq.crashtest import Engine, Mutant, Step, Workload\n"
+        "from deferq.crashtest.catalogue import MUTANTS as ALL\n"
         f"MUTANTS = tuple(m for m in ALL if m.name == {name!r}) or (\n"
         "    Mutant('identity', 'nothing', 'nothing can', Engine('identity'),\n"
         "           workloads=(Workload((Step('add', 0),)),)),)\n")
@@ -80,9 +80,10 @@ def test_cli_summary_line_and_exit_status(tmp_path: Path,
                          str(caught))
     match = SUMMARY.match(lines[-1])
     assert match, lines[-1]
-    workloads, points, states, violations, k, m = map(int, match.groups())
+    workloads, points, states, violations, k, m = map(int, match.groups()[:6])
     assert workloads > 0 and points > 0 and states >= points and violations == 0
-    assert (k, m) == (1, 1) and status == 0
+    assert (k, m) == (1, 1) and match.group(7) == "yes" and status == 0
+    assert not any("INCOMPLETE" in line for line in lines)
     assert any("replay: deferq crash-test --replay " in line for line in lines)
 
 
@@ -92,20 +93,32 @@ def test_cli_fails_when_a_mutant_escapes(tmp_path: Path,
     escaping = _one_mutant_catalogue(tmp_path / "b", "no-such-mutant")  # the identity mutant
     status, lines = _run(capsys, "--max-ops", "1", "--model", "prefix", "--seconds", "2",
                          "--mutants-dir", str(escaping))
-    assert SUMMARY.match(lines[-1]) and lines[-1].endswith("mutants_caught=0/1")
+    assert SUMMARY.match(lines[-1]) and "mutants_caught=0/1 " in lines[-1]
     assert status == 1
-    assert any("FAILURE" in line and "pytest" in line for line in lines)
+    assert any("FAILURE: no check caught identity" in line for line in lines)
 
 
 @pytest.mark.slow
-def test_cli_without_a_catalogue_reports_zero_mutants_and_why(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    status, lines = _run(capsys, "--max-ops", "1", "--model", "prefix", "--seconds", "1")
-    assert lines[-1].endswith("mutants_caught=0/0")
+def test_cli_without_a_catalogue_says_it_checked_no_mutant_and_never_exits_0(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, lines = _run(capsys, "--max-ops", "1", "--model", "prefix",
+                         "--mutants-dir", str(tmp_path))
+    assert lines[-1].endswith("mutants_caught=0/0 complete=no")
     assert any("no mutant catalogue" in line for line in lines)
-    assert status == 0
+    assert any(line.startswith("crash-test: INCOMPLETE: no mutant was checked") for line in lines)
+    assert status == 3
+
+
+@pytest.mark.slow
+def test_cli_stopped_on_its_time_budget_says_so_and_never_exits_0(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    caught = _one_mutant_catalogue(tmp_path, "retry-failed-fsync")
+    status, lines = _run(capsys, "--max-ops", "2", "--model", "prefix", "--seconds", "0.5",
+                         "--mutants-dir", str(caught))
+    assert lines[-1].endswith("mutants_caught=1/1 complete=no")
+    assert any(line.startswith("crash-test: INCOMPLETE: the exploration stopped early")
+               for line in lines)
+    assert status == 3
 
 
 @pytest.mark.slow
@@ -121,7 +134,7 @@ def test_cli_replays_a_failing_case(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_workload_enumeration_is_deduplicated_and_stable() -> None:
-    from deferq.testing._workloads import workloads
+    from deferq.crashtest._workloads import workloads
 
     counts = [len(workloads(n)) for n in (1, 2)]
     assert counts == [26, 294]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from deferq._errors import StorageBrokenError
+from deferq._core.errors import StorageBrokenError
 from deferq.backends import Disk
-from deferq.testing import FaultRule, FsyncEio, SimDisk
+from deferq.crashtest import FaultRule, FsyncEio, SimDisk
 
 
 @pytest.mark.spec("D-1", "D-5", "W-3")

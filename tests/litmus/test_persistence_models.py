@@ -1,7 +1,7 @@
 """Litmus tests of the simulated disk's persistence models (the Ferrite idea).
 
 Goal: pin down, per model, exactly which crash outcomes are allowed and which are
-forbidden, so the crash suites built on ``deferq.testing`` rest on a stated filesystem
+forbidden, so the crash suites built on ``deferq.crashtest`` rest on a stated filesystem
 model (spec/assumptions.md). Method: drive a ``SimDisk`` through a tiny trace of seam
 calls, enumerate every crash state the model allows (``Bound(complete=True)`` where
 the log is small) and assert that the set of outcomes equals, contains or excludes
@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deferq._env import OpenFlag
-from deferq.testing import (
+from deferq._engine.env import OpenFlag
+from deferq.crashtest import (
     Bound,
     Crash,
     Eio,

@@ -41,9 +41,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
-from deferq._deadstore import DeadTaskStore
-from deferq._env import Env, MappedWindow, OpenFlag
-from deferq._format import (
+from deferq._engine.deadstore import DeadTaskStore
+from deferq._engine.env import Env, MappedWindow, OpenFlag
+from deferq._core.format import (
     BadLine,
     WalAdd,
     decode_dead_line,
@@ -54,9 +54,9 @@ from deferq._format import (
     encode_dead,
     is_wal_file_name,
 )
-from deferq._io import repair_tail, write_all
-from deferq._osenv import OsEnv
-from deferq._types import DeadTask
+from deferq._engine.io import repair_tail, write_all
+from deferq._engine.osenv import OsEnv
+from deferq._core.types import DeadTask
 from deferq.backends import Disk
 
 ROOT: Final = Path(__file__).resolve().parents[2]

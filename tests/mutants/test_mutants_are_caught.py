@@ -2,8 +2,8 @@
 
 Goal: show that the crash exploration and the interleaving scenarios detect each kind of
 storage bug they are meant to (a crash suite that passes a broken engine proves
-nothing). Method: for each entry of ``tests/mutants/catalogue.py`` run
-``deferq.testing._mutants.check_mutant``: the mutant's focused workloads through the
+nothing). Method: for each entry of ``src/deferq/crashtest/catalogue.py`` run
+``deferq.crashtest._mutants.check_mutant``: the mutant's focused workloads through the
 bounded-exhaustive exploration (every crash point, process kill and every crash state
 of the three persistence models, CI bound), or its targeted two-thread / two-process
 scenario; it must report at least one violation, and the real engine, run on exactly
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from deferq.testing._explore import CI_BOUND
-from deferq.testing._mutants import check_mutant
-from tests.mutants.catalogue import MUTANTS
+from deferq.crashtest._explore import CI_BOUND
+from deferq.crashtest._mutants import check_mutant
+from deferq.crashtest.catalogue import MUTANTS
 
 SPEC = {
     "no-dead-tail-repair": ("D-12", "D-5"),
@@ -50,7 +50,7 @@ def test_the_catalogue_has_every_required_mutant_and_each_says_what_catches_it()
 @pytest.mark.spec("D-2", "D-3", "D-5", "D-6", "D-7", "D-8", "D-9", "D-10", "D-11", "D-12", "D-13")
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_mutant_is_caught_and_the_real_engine_passes(mutant: object) -> None:
-    from deferq.testing import Mutant
+    from deferq.crashtest import Mutant
 
     assert isinstance(mutant, Mutant)
     result = check_mutant(mutant, bound=CI_BOUND)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from deferq._power import PowerConfig, run_power_test
-from deferq._wal import TasksWal
+from deferq.powertest import PowerConfig, run_power_test
+from deferq._engine.wal import TasksWal
 from deferq.backends import Disk
 
 

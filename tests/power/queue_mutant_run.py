@@ -15,8 +15,8 @@ import logging
 import sys
 import threading
 
-from deferq._power import PowerConfig, run_power_test
-from deferq._power._workers import ReportingQueueDisk
+from deferq.powertest import PowerConfig, run_power_test
+from deferq.powertest._workers import ReportingQueueDisk
 
 _real_add_dead = ReportingQueueDisk.add_dead_task
 

@@ -16,9 +16,9 @@ import logging
 import os
 import sys
 
-from deferq._errors import DeferqError
-from deferq._format import is_wal_file_name
-from deferq._limits import DEFAULT_PREFIX
+from deferq._core.errors import DeferqError
+from deferq._core.format import is_wal_file_name
+from deferq._core.limits import DEFAULT_PREFIX
 from deferq.backends import Disk
 
 

@@ -7,13 +7,13 @@ everything clean, and work continues (spec/durability.md D-1..D-4, D-7, D-9,
 D-12, D-13, W-5); and the engine fails loudly, never reporting success, when
 fsync or write fail on real syscalls (D-10, W-12, W-13, S-4, S-5).
 
-Method: the CI tier runs ``python -m deferq._cli_power`` (the code behind
+Method: the CI tier runs ``python -m deferq power-test`` (the code behind
 ``deferq power-test``), which re-executes itself in a private mount namespace,
 creates a fresh ext4 image, forks worker and operator processes (storage-level
 ones using ``Disk``, queue-level ones running a real ``Queue`` over ``Disk``;
 three runs: mixed, queue only, storage only) and cycles SIGKILLs and power cuts
 (the ext4 shutdown ioctl, NOLOGFLUSH, then unmount and mount: journal replay),
-checking every recovery against ``deferq._model.StorageModel`` and following
+checking every recovery against ``deferq._core.model.StorageModel`` and following
 every enqueued task to its end (docs/power-test.md). It needs root, loop
 devices and mkfs.ext4, and skips with the reason otherwise (also when mounting
 fails, e.g. in a container without CAP_SYS_ADMIN). The injection tests run a
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from deferq._power._fs import missing_requirements
-from deferq._power._inject import judge, prepare, run_probe
+from deferq.powertest._fs import missing_requirements
+from deferq.powertest._inject import judge, prepare, run_probe
 
 CI_CYCLES = int(os.environ.get("DEFERQ_POWER_CYCLES", "80"))
 CI_SEED = int(os.environ.get("DEFERQ_POWER_SEED", "20261202"))
@@ -86,7 +86,7 @@ def test_power_cuts_and_kills_lose_nothing_acknowledged(workers: str, share: flo
         pytest.skip(problem)
     cycles = max(10, round(CI_CYCLES * share))
     result = subprocess.run(
-        [sys.executable, "-m", "deferq._cli_power", "--cycles", str(cycles),
+        [sys.executable, "-m", "deferq", "power-test", "--cycles", str(cycles),
          "--seed", str(CI_SEED), "--workers", workers],
         capture_output=True, text=True, timeout=900, check=False)
     lines = result.stdout.strip().splitlines()
@@ -159,10 +159,11 @@ def test_the_harness_catches_a_queue_that_removes_before_the_dead_write_returned
 def test_power_test_last_line_without_requirements_is_exit_2(monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture[str]
                                                              ) -> None:
-    import deferq._cli_power as cli
+    import deferq.powertest.cli as cli
+    from deferq._cli import main
 
     monkeypatch.setattr(cli, "missing_requirements", lambda: "power-test needs root")
-    assert cli.main(["--cycles", "3"]) == 2
+    assert main(["power-test", "--cycles", "3"]) == 2
     captured = capsys.readouterr()
     assert "needs root" in captured.err
     assert captured.out.strip().splitlines()[-1] == (
@@ -254,7 +255,7 @@ def test_real_short_write_on_a_full_filesystem_is_cut_back() -> None:
         pytest.skip(problem)
     result = subprocess.run(
         ["unshare", "-m", "--propagation", "private", sys.executable, "-m",
-         "deferq._power._enospc"], capture_output=True, text=True, timeout=120, check=False)
+         "deferq.powertest._enospc"], capture_output=True, text=True, timeout=120, check=False)
     if "MountError" in result.stderr or "unshare:" in result.stderr:
         pytest.skip(f"cannot mount a test filesystem here: {result.stderr.strip()[-300:]}")
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]

@@ -1,6 +1,6 @@
 """The queue-level checks of the power test, fed synthetic event logs (no root needed).
 
-Goal: each check of ``deferq._power._qcheck.QueueLedger`` (and the group-commit
+Goal: each check of ``deferq.powertest._qcheck.QueueLedger`` (and the group-commit
 sync of ``Ledger``) fires on the log of a queue that breaks its guarantee and
 stays quiet on a correct one, so a clean power-test run means something.
 Method: hand-written event sequences in the harness's wire format.
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from deferq._model import Crash, Dead, Pending
-from deferq._power._check import Ledger, Observation
-from deferq._power._qcheck import QueueLedger
-from deferq._power._queue_roles import ALWAYS_FAIL_MAX_RETRIES, AlwaysFail, Succeed
-from deferq._power._workers import Event
+from deferq._core.model import Crash, Dead, Pending
+from deferq.powertest._check import Ledger, Observation
+from deferq.powertest._qcheck import QueueLedger
+from deferq.powertest._queue_roles import ALWAYS_FAIL_MAX_RETRIES, AlwaysFail, Succeed
+from deferq.powertest._workers import Event
 
 Q = "q0#1"
 FAIL = AlwaysFail.task_name

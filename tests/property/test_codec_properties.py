@@ -1,4 +1,4 @@
-"""Property tests of the record codec (src/deferq/_format.py; F-3, F-4, F-6, F-7, F-10, F-11).
+"""Property tests of the record codec (src/deferq/_core/format.py; F-3, F-4, F-6, F-7, F-10, F-11).
 
 Goal: the codec is a bijection on valid records, and damage to a valid line is never read
 as a valid record. Method: Hypothesis draws arbitrary valid ids, contexts, publish times
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deferq._format import (
+from deferq._core.format import (
     BadLine,
     DeadLine,
     WalAdd,
@@ -33,10 +33,10 @@ from deferq._format import (
     is_wal_file_name,
     wal_file_name,
 )
-from deferq._limits import TASK_ID_BYTES_MAX
-from deferq._options import check_prefix
-from deferq._recovery import ForwardLines, WalReplay
-from deferq._types import DeadTask
+from deferq._core.limits import TASK_ID_BYTES_MAX
+from deferq.backends._options import check_prefix
+from deferq._core.recovery import ForwardLines, WalReplay
+from deferq._core.types import DeadTask
 
 Record = WalAdd | WalRem | DeadTask
 
@@ -214,7 +214,7 @@ def _reference_decode_payload(line: DeadLine) -> DeadTask | BadLine:
     """The payload decoder as first written: ``json.loads`` on the bytes, a hook per call."""
     import json
 
-    from deferq import _format
+    from deferq._core import format as _format
 
     def unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
         obj = dict(pairs)

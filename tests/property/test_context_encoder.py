@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deferq import SerializationError
-from deferq._serialize import Context, decode_context, encode_context
+from deferq._runtime.serialize import Context, decode_context, encode_context
 
 _SCALARS = (st.none() | st.booleans() | st.integers() | st.text()
             | st.floats(allow_nan=False, allow_infinity=False))

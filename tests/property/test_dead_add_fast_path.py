@@ -16,14 +16,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from deferq._format import dead_problem, id_seed
-from deferq._limits import (
+from deferq._core.format import dead_problem, id_seed
+from deferq._core.limits import (
     BACKTRACE_FRAME_CHARS_MAX,
     EXCEPTION_CLASS_CHARS_MAX,
     EXCEPTION_MESSAGE_CHARS_MAX,
 )
-from deferq._types import DeadTask, dead_task_of
-from deferq.backends import (
+from deferq._core.types import DeadTask, dead_task_of
+from deferq.backends._deadtask import (
     _clip,
     _safe_str,
     dead_task_for,

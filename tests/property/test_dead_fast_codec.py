@@ -24,8 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deferq._deadindex import DeadIndex, RecordReader, StaleIndex
-from deferq._format import (
+from deferq._engine.deadindex import DeadIndex, RecordReader, StaleIndex
+from deferq._core.format import (
     BadLine,
     DeadLine,
     _canonical_base64_decode,
@@ -38,13 +38,13 @@ from deferq._format import (
     decode_dead_record,
     encode_dead,
 )
-from deferq._limits import (
+from deferq._core.limits import (
     BACKTRACE_FRAME_CHARS_MAX,
     BACKTRACE_FRAMES_MAX,
     TASK_CLASS_BYTES_MAX,
 )
-from deferq._osenv import OS_ENV
-from deferq._types import DeadTask, dead_task_of
+from deferq._engine.osenv import OS_ENV
+from deferq._core.types import DeadTask, dead_task_of
 from deferq.backends import Disk
 from tests.property.test_codec_properties import dead_tasks, task_ids
 

@@ -25,20 +25,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deferq import _deadindex
-from deferq._deadindex import DeadIndex, NeedleScan, dead_line, fast_dead_id
-from deferq._env import FileStat, OpenFlag
-from deferq._format import (
+from deferq._engine import deadindex as _deadindex
+from deferq._engine.deadindex import DeadIndex, NeedleScan, dead_line, fast_dead_id
+from deferq._engine.env import FileStat, OpenFlag
+from deferq._core.format import (
     BadLine,
     _decode_dead_exact,
     decode_dead_line,
     encode_dead,
     frame,
 )
-from deferq._recovery import BackwardLines, RawLine
-from deferq._types import DeadTask
+from deferq._core.recovery import BackwardLines, RawLine
+from deferq._core.types import DeadTask
 from deferq.backends import Disk
-from deferq.testing import SimDisk, SimEnv
+from deferq.crashtest import SimDisk, SimEnv
 
 PATH = "/s"
 PREFIX = "p-"
@@ -402,7 +402,7 @@ def reference_compaction(data: bytes, task_ids: set[str],
 def test_streaming_compaction_writes_exactly_what_the_line_by_line_compaction_wrote(
         data: bytes, task_ids: set[str], chunk: int, line_max: int) -> None:
     """Any chunking, any damage: the same survivors, the same found ids, the same count."""
-    from deferq import _compact, _deadstore, _io
+    from deferq._engine import compact as _compact, deadstore as _deadstore, io as _io
 
     disk = SimDisk(4)
     env = disk.process()

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deferq._format import (
+from deferq._core.format import (
     _decode_base64,
     _decode_id,
     canonical_base64,
@@ -37,9 +37,9 @@ from deferq._format import (
     frame,
     raw_id_ok,
 )
-from deferq._limits import LINE_BYTES_MAX, TASK_ID_BYTES_MAX
-from deferq._fastreplay import FastWalReplay
-from deferq._recovery import WalReplay
+from deferq._core.limits import LINE_BYTES_MAX, TASK_ID_BYTES_MAX
+from deferq._core.fastreplay import FastWalReplay
+from deferq._core.recovery import WalReplay
 
 IDS = st.one_of(
     st.sampled_from(["a", "b", "1790000000-42-1", "1790000001-42-1", "99-x", "7", "é-1", "ü"]),

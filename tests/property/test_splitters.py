@@ -1,4 +1,4 @@
-"""Property tests of the line splitters and of WAL replay over prefixes (src/deferq/_recovery.py).
+"""Property tests of the line splitters and of WAL replay over prefixes (src/deferq/_core/recovery.py).
 
 Goal: ``ForwardLines`` and ``BackwardLines`` split any file the way ``bytes.split(b"\\n")``
 does, whatever the chunking, and a WAL cut anywhere (a crash mid-append, A-5) replays to
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deferq._format import LineFault, encode_add, encode_rem, id_seed
-from deferq._recovery import BackwardLines, ChunkLines, ForwardLines, RawLine, WalReplay, live_fields
+from deferq._core.format import LineFault, encode_add, encode_rem, id_seed
+from deferq._core.recovery import BackwardLines, ChunkLines, ForwardLines, RawLine, WalReplay, live_fields
 
 files = st.one_of(
     st.binary(max_size=64),

@@ -91,16 +91,27 @@ class RecordingBackend:
         with self._lock:
             self.calls.append((method, task_id))
 
+    group_commit = False  # the Backend protocol: a plain backend, called as it is
+
     def add_task(self, context: bytes, publish_at: int | None = None,
-                 task_id: str | None = None) -> str:
+                 task_id: str | None = None, *, sync: bool = True) -> str:
         tid = task_id if task_id is not None else f"{self.now}-1-{next(self._ids)}"
         self._log("add_task", tid)
         self.wal[tid] = PendingTask(tid, bytes(context), publish_at)
         return tid
 
-    def remove_task(self, task_id: str) -> None:
+    def remove_task(self, task_id: str, *, sync: bool = True) -> None:
         self._log("remove_task", task_id)
         self.wal.pop(task_id, None)
+
+    def written_ticket(self) -> int:
+        return 0
+
+    def sync_through(self, ticket: int) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
     def pending_tasks(self) -> list[PendingTask]:
         return list(self.wal.values())

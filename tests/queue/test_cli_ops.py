@@ -18,9 +18,9 @@ import pytest
 
 from deferq import Operator
 from deferq._cli import main
-from deferq._cli_ops import file_size_text
-from deferq._format import encode_add
-from deferq._serialize import Context, decode_context, encode_context
+from deferq._cli.ops import file_size_text
+from deferq._core.format import encode_add
+from deferq._runtime.serialize import Context, decode_context, encode_context
 from deferq.backends import Disk
 from tests.queue.helpers import RecordingBackend
 

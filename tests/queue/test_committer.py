@@ -1,4 +1,4 @@
-"""The queue's commit thread (deferq._committer): off the loop, in order, outcomes delivered."""
+"""The queue's commit thread (deferq._runtime.committer): off the loop, in order, outcomes delivered."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from deferq._committer import Committer
+from deferq._runtime.committer import Committer
 
 
 @pytest.mark.spec("Q-20", "Q-23")

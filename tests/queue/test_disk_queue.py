@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import deferq
-from deferq._serialize import Context, decode_context, encode_context
+from deferq._runtime.serialize import Context, decode_context, encode_context
 from deferq.backends import Disk
 from tests.queue.helpers import DrivenClock, run
 

@@ -17,10 +17,10 @@ import threading
 import pytest
 
 import deferq
-from deferq._errors import StorageBrokenError
+from deferq._core.errors import StorageBrokenError
 from deferq.backends import Disk
-from deferq.testing import FaultRule, FsyncEio, SimDisk, SimEnv
-from deferq.testing._tracing import TracingEnv
+from deferq.crashtest import FaultRule, FsyncEio, SimDisk, SimEnv
+from deferq.crashtest._tracing import TracingEnv
 from tests.queue.helpers import DrivenClock, run
 
 REG = deferq.TaskRegistry()

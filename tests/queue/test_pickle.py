@@ -16,7 +16,7 @@ import pytest
 
 import deferq
 from deferq import ContextCodec, ContextError, PendingTask, SerializationError
-from deferq._serialize import PICKLE_MAGIC, Context
+from deferq._runtime.serialize import PICKLE_MAGIC, Context
 from tests.queue.helpers import DrivenClock, RecordingBackend, run
 
 REG = deferq.TaskRegistry()

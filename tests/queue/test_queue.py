@@ -19,7 +19,7 @@ import pytest
 
 import deferq
 from deferq import DeadTasksLockTimeout, PendingTask, PushTimeout
-from deferq._serialize import Context, decode_context, encode_context
+from deferq._runtime.serialize import Context, decode_context, encode_context
 from tests.queue.helpers import START, DrivenClock, RecordingBackend, run, settle, started
 
 REG = deferq.TaskRegistry()

@@ -14,8 +14,8 @@ import random
 import pytest
 
 import deferq
-from deferq._serialize import Context, ContextError, decode_context, encode_context
-from deferq._task import check_max_retries, default_backoff, next_retry_in
+from deferq._runtime.serialize import Context, ContextError, decode_context, encode_context
+from deferq._runtime.task import check_max_retries, default_backoff, next_retry_in
 
 LOCAL = deferq.TaskRegistry()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from deferq._cli import main
-from deferq._format import encode_rem, frame
+from deferq._core.format import encode_rem, frame
 from deferq.backends import Disk
 from tests.fsenv import append_to_wal, wal_size
 

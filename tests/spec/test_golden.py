@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from deferq._format import (
+from deferq._core.format import (
     DeadLine,
     WalAdd,
     WalRem,
@@ -30,8 +30,8 @@ from deferq._format import (
     encode_dead,
     encode_rem,
 )
-from deferq._recovery import ForwardLines, WalReplay, live_fields
-from deferq._types import DeadTask
+from deferq._core.recovery import ForwardLines, WalReplay, live_fields
+from deferq._core.types import DeadTask
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"

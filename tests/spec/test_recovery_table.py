@@ -1,7 +1,7 @@
 """The recovery decision table in spec/recovery.md is the table in the code (STYLE rule 19).
 
 Goal: what the spec says each reader and writer does with each kind of line is exactly what
-``RECOVERY_TABLE`` in ``deferq._recovery`` holds, label for label and cell for cell, and the labels are
+``RECOVERY_TABLE`` in ``deferq._core.recovery`` holds, label for label and cell for cell, and the labels are
 the ones the codec reports. Method: parse the Markdown table of spec/recovery.md (rows whose first cell
 is an ``R-@`` label), compare it with ``RECOVERY_TABLE`` row for row, and check that every fault the
 codec can report (``LineFault``) names a row of that table. The behaviour of each row is checked by the
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from deferq._format import LineFault
-from deferq._recovery import RECOVERY_TABLE, Rule
+from deferq._core.format import LineFault
+from deferq._core.recovery import RECOVERY_TABLE, Rule
 
 RECOVERY_MD = Path(__file__).resolve().parents[2] / "spec" / "recovery.md"
 LABELS = tuple(f"R-@{letter}" for letter in "ABCDEFGHIJKL")

@@ -14,10 +14,10 @@ from typing import Final
 
 from hypothesis import settings
 
-from deferq._model import Dead, Pending, StorageModel, Violation
+from deferq._core.model import Dead, Pending, StorageModel, Violation
 from deferq.backends import Disk
-from deferq._format import dead_data_name
-from deferq.testing import Ext4Ordered, LinkOp, PersistenceModel, Prefix, SimDisk, Weakest
+from deferq._core.format import dead_data_name
+from deferq.crashtest import Ext4Ordered, LinkOp, PersistenceModel, Prefix, SimDisk, Weakest
 
 PATH: Final = "/s"
 PREFIX: Final = "deferred-"

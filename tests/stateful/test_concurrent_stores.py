@@ -5,7 +5,7 @@ serialized with nothing acknowledged lost (D-11, L-1), that WAL work and a worke
 booting (adopting an orphaned WAL, W-2, W-4) interleave safely with them, and that
 what survives a crash in the middle of such an interleaving (a kill of the threads
 still running, or a power loss) is allowed by the model (D-1, D-3, D-4, D-7, D-9,
-D-12). Method: ``deferq.testing._scheduler.Scheduler`` runs two or three
+D-12). Method: ``deferq.crashtest._scheduler.Scheduler`` runs two or three
 simulated processes, each in its own thread with its own ``Disk``, one at a time,
 switching at every seam call in the order of a choice list Hypothesis draws (and
 shrinks). Every operation is mirrored into ``StorageModel`` when it returns: the
@@ -28,13 +28,13 @@ import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
-from deferq import _wal
-from deferq._errors import DeadTasksLockTimeout
-from deferq._model import Crash as ModelCrash
-from deferq._model import Dead, Pending, StorageModel
+from deferq._engine import wal as _wal
+from deferq._core.errors import DeadTasksLockTimeout
+from deferq._core.model import Crash as ModelCrash
+from deferq._core.model import Dead, Pending, StorageModel
 from deferq.backends import Disk
-from deferq.testing import Scheduler, SimDisk, SimEnv
-from deferq.testing._scheduler import ScheduledEnv
+from deferq.crashtest import Scheduler, SimDisk, SimEnv
+from deferq.crashtest._scheduler import ScheduledEnv
 
 from tests.stateful.support import (
     MODEL_NAMES,

@@ -1,4 +1,4 @@
-"""Unit tests of the deterministic syscall-granularity scheduler (``deferq.testing._scheduler``).
+"""Unit tests of the deterministic syscall-granularity scheduler (``deferq.crashtest._scheduler``).
 
 Goal: the concurrency tests built on the scheduler are only as trustworthy as its
 promises: exactly one thread runs at a time, switches happen only at seam calls, a
@@ -15,11 +15,11 @@ import threading
 
 import pytest
 
-from deferq._env import OpenFlag
-from deferq._errors import DeadTasksLockTimeout
+from deferq._engine.env import OpenFlag
+from deferq._core.errors import DeadTasksLockTimeout
 from deferq.backends import Disk
-from deferq.testing import Scheduler, SimDisk, SimulatedCrash
-from deferq.testing._scheduler import (
+from deferq.crashtest import Scheduler, SimDisk, SimulatedCrash
+from deferq.crashtest._scheduler import (
     START,
     Aborted,
     SchedulerStuck,

@@ -4,7 +4,7 @@ Goal: check the durability guarantees of spec/durability.md (D-1..D-4, D-7, D-9,
 D-11..D-13) on long, generated histories with crashes anywhere, not only on the
 hand-made scenarios of tests/unit. Method: a Hypothesis ``RuleBasedStateMachine``
 runs one or two simulated worker processes, each a real ``Disk`` on a ``SimDisk``
-process, and mirrors every operation into ``deferq._model.StorageModel``. Rules add,
+process, and mirrors every operation into ``deferq._core.model.StorageModel``. Rules add,
 retry and remove tasks, sync, let time pass and fire the fsync timers, hand tasks
 over to the dead-task store (D-13), list, find and remove dead tasks, start and
 close workers, kill a worker (or crash it at its k-th syscall in the middle of an
@@ -40,12 +40,12 @@ from hypothesis.stateful import (
     rule,
 )
 
-from deferq import _wal
-from deferq._format import dead_data_name, is_wal_file_name
-from deferq._model import Crash as ModelCrash
-from deferq._model import Dead, Pending, StorageModel
+from deferq._engine import wal as _wal
+from deferq._core.format import dead_data_name, is_wal_file_name
+from deferq._core.model import Crash as ModelCrash
+from deferq._core.model import Dead, Pending, StorageModel
 from deferq.backends import Disk
-from deferq.testing import (
+from deferq.crashtest import (
     Bound,
     Crash,
     FaultRule,

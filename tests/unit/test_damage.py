@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from deferq._format import encode_add, encode_dead, encode_rem, frame, wal_file_name
-from deferq._limits import LINE_BYTES_MAX
-from deferq._types import DeadTask
+from deferq._core.format import encode_add, encode_dead, encode_rem, frame, wal_file_name
+from deferq._core.limits import LINE_BYTES_MAX
+from deferq._core.types import DeadTask
 from deferq.backends import Disk
 from tests.fsenv import FaultyEnv
 

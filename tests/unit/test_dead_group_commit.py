@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from deferq._deadstore import DeadTaskStore, _AddRequest
-from deferq._env import OpenFlag
-from deferq._errors import DeadTasksLockTimeout, StorageBrokenError
-from deferq._format import encode_dead
-from deferq._types import DeadTask
+from deferq._engine.deadstore import DeadTaskStore, _AddRequest
+from deferq._engine.env import OpenFlag
+from deferq._core.errors import DeadTasksLockTimeout, StorageBrokenError
+from deferq._core.format import encode_dead
+from deferq._core.types import DeadTask
 from deferq.backends import Disk
-from deferq.testing import FaultRule, FsyncEio, SimDisk
+from deferq.crashtest import FaultRule, FsyncEio, SimDisk
 from tests.fsenv import FaultyEnv, ManualClock
 
 PREFIX = "deferred-"

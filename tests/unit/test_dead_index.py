@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from deferq._env import FileStat
-from deferq._format import encode_dead
-from deferq._limits import READ_CHUNK_BYTES
-from deferq._types import DeadTask
+from deferq._engine.env import FileStat
+from deferq._core.format import encode_dead
+from deferq._core.limits import READ_CHUNK_BYTES
+from deferq._core.types import DeadTask
 from deferq.backends import Disk
 from tests.fsenv import RecordingEnv
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from deferq._env import Env, OpenFlag
-from deferq._errors import LimitExceededError, StorageBrokenError, StorageClosedError
-from deferq._format import (
+from deferq._engine.env import Env, OpenFlag
+from deferq._core.errors import LimitExceededError, StorageBrokenError, StorageClosedError
+from deferq._core.format import (
     BadLine,
     WalAdd,
     WalRem,
@@ -35,15 +35,15 @@ from deferq._format import (
     encode_rem,
     is_wal_file_name,
 )
-from deferq._io import records_end
-from deferq._limits import (
+from deferq._engine.io import records_end
+from deferq._core.limits import (
     CONTEXT_BYTES_MAX,
     READ_CHUNK_BYTES,
     WAL_RESERVE_BYTES,
     WAL_SIZE_LIMIT_BYTES,
 )
-from deferq._osenv import OsEnv
-from deferq._types import PendingTask
+from deferq._engine.osenv import OsEnv
+from deferq._core.types import PendingTask
 from deferq.backends import Disk
 from tests.fsenv import (
     FaultyEnv,
@@ -883,9 +883,9 @@ def test_a_failed_reservation_never_fails_the_write(
 @pytest.mark.spec("W-25")
 def test_without_posix_fallocate_the_wal_grows_as_it_writes(
         storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import deferq._osenv  # noqa: PLC0415 - the module whose capability is taken away
+    import deferq._engine.osenv  # noqa: PLC0415 - the module whose capability is taken away
 
-    monkeypatch.setattr(deferq._osenv, "_posix_fallocate", None)  # as on macOS
+    monkeypatch.setattr(deferq._engine.osenv, "_posix_fallocate", None)  # as on macOS
     env = RecordingEnv()
     with open_disk(storage, env, f=0) as disk:
         wal = only_wal(storage)
@@ -1205,9 +1205,9 @@ def test_a_failed_write_after_stores_is_cut_back_without_a_window_over_the_cut(
 @pytest.mark.spec("W-26")
 def test_where_fsync_is_not_known_to_cover_stores_the_wal_writes_its_records(
         storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import deferq._osenv  # noqa: PLC0415 - the module whose capability is taken away
+    import deferq._engine.osenv  # noqa: PLC0415 - the module whose capability is taken away
 
-    monkeypatch.setattr(deferq._osenv, "_MAP_FSYNC_COVERED", False)  # as on macOS
+    monkeypatch.setattr(deferq._engine.osenv, "_MAP_FSYNC_COVERED", False)  # as on macOS
     env = RecordingEnv(ManualClock(wall=WALL))
     with open_disk(storage, env, f=1) as disk:
         wal = str(only_wal(storage))
@@ -1242,9 +1242,9 @@ def test_the_os_env_reports_a_window_past_the_end_of_the_file_as_an_oserror(
 @pytest.mark.spec("W-26")
 def test_a_file_on_a_filesystem_not_known_to_allocate_in_place_is_never_mapped(
         storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import deferq._osenv  # noqa: PLC0415 - the module whose capability is taken away
+    import deferq._engine.osenv  # noqa: PLC0415 - the module whose capability is taken away
 
-    monkeypatch.setattr(deferq._osenv, "fs_type", lambda fd: "btrfs")  # copy-on-write
+    monkeypatch.setattr(deferq._engine.osenv, "fs_type", lambda fd: "btrfs")  # copy-on-write
     env = RecordingEnv(ManualClock(wall=WALL))
     with open_disk(storage, env, f=1) as disk:
         wal = str(only_wal(storage))
@@ -1259,7 +1259,7 @@ def test_a_file_on_a_filesystem_not_known_to_allocate_in_place_is_never_mapped(
 @pytest.mark.spec("W-26")
 def test_the_filesystem_type_of_a_descriptor_matches_the_mount_its_path_is_on(
         tmp_path: Path) -> None:
-    from deferq._osenv import fs_type  # noqa: PLC0415
+    from deferq._engine.osenv import fs_type  # noqa: PLC0415
 
     if not Path("/proc/self/mountinfo").exists():
         pytest.skip("no /proc/self/mountinfo: not Linux, fs_type answers None")

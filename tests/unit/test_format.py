@@ -1,4 +1,4 @@
-"""Unit tests of the record codec and file names (src/deferq/_format.py, spec/format.md).
+"""Unit tests of the record codec and file names (src/deferq/_core/format.py, spec/format.md).
 
 Goal: every validity rule of F-4..F-12 and every file-name rule of F-1/F-9 is pinned by
 an example at and just past its boundary, and every damaged line maps to the right row
@@ -15,7 +15,7 @@ import zlib
 
 import pytest
 
-from deferq._format import (
+from deferq._core.format import (
     DEAD_FIELDS,
     BadLine,
     DeadLine,
@@ -43,7 +43,7 @@ from deferq._format import (
     wal_file_name,
     wal_glob_prefix,
 )
-from deferq._limits import (
+from deferq._core.limits import (
     BACKTRACE_FRAME_CHARS_MAX,
     BACKTRACE_FRAMES_MAX,
     CONTEXT_BYTES_MAX,
@@ -54,7 +54,7 @@ from deferq._limits import (
     TASK_ID_BYTES_MAX,
     WAL_STORAGE_VERSION,
 )
-from deferq._types import DeadTask
+from deferq._core.types import DeadTask
 
 PREFIX = "deferred-"
 BAD_HEADER = BadLine(LineFault.BAD_HEADER)

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from deferq import _wal
-from deferq._errors import StorageBrokenError, StorageClosedError
-from deferq._osenv import OsEnv
+from deferq._engine import wal as _wal
+from deferq._core.errors import StorageBrokenError, StorageClosedError
+from deferq._engine.osenv import OsEnv
 from deferq.backends import Disk, Nil
-from deferq.testing import FaultRule, FsyncEio, SimDisk, SimEnv
-from deferq.testing._tracing import TracingEnv
+from deferq.crashtest import FaultRule, FsyncEio, SimDisk, SimEnv
+from deferq.crashtest._tracing import TracingEnv
 
 from tests.fsenv import RecordingEnv, snapshot
 

@@ -1,60 +1,263 @@
-"""Layering rules of the source tree (STYLE.md rules 1-2).
+"""Layering rules of the source tree (docs/architecture.md).
 
-Goal: the pure core stays pure and the engine reaches the world only through
-the ``Env`` seam. Method: parse each module's imports with ``ast`` and compare
-against the allowed sets below.
+Goal: the tree keeps the architecture it shows. The pure core stays pure, the engine
+reaches the world only through the ``Env`` seam, imports point one way (core <- engine <-
+backends <- runtime <- the ``deferq`` facade <- cli), nothing of the library imports the
+crash simulator, the power harness or the demos (the CLI loads them in the handler of
+their own command), and no module takes part in an import cycle.
+
+Method: parse each module's imports with ``ast`` (every import, also those inside
+functions, but not those under ``if TYPE_CHECKING:``, which only mypy runs) and compare
+them with the rules below; then import the library and run an
+operator command in fresh interpreters and list the modules they loaded.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "deferq"
-PURE = ("_format.py", "_recovery.py", "_limits.py", "_types.py", "_errors.py", "_model.py")
-ENGINE = ("_wal.py", "_deadstore.py", "_compact.py", "_io.py", "_env.py", "_ids.py")
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = SRC / "deferq"
+
+# The layers of the library, lowest first; a module may import its own layer and lower ones.
+LAYERS = ("deferq._core", "deferq._engine", "deferq.backends", "deferq._runtime", "deferq",
+          "deferq._cli")
+# Tools around the library: they may import any of it; the library never imports them,
+# except that the CLI modules named in LAZY_TOOL_IMPORTS load them inside a handler.
+TOOLS = ("deferq.crashtest", "deferq.powertest", "deferq._demos")
+LAZY_TOOL_IMPORTS = {
+    "deferq._cli.crash": "deferq.crashtest",
+    "deferq._cli.power": "deferq.powertest",
+    "deferq._cli.demos": "deferq._demos",
+}
+# Modules that reach the world: the pure core imports none of them, the engine only
+# through its one OS adapter.
 WORLD = {"os", "io", "fcntl", "time", "random", "pathlib", "shutil", "tempfile", "socket",
          "subprocess", "signal", "mmap", "glob", "posix", "datetime", "secrets"}
+CORE_ALSO_FORBIDDEN = {"threading", "logging", "asyncio"}
+ENGINE_OS_ADAPTER = "deferq._engine.osenv"
 
 
-def imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
 
 
-@pytest.mark.parametrize("name", PURE)
-def test_pure_modules_import_no_io_and_no_engine(name: str) -> None:
-    imports = imported_modules(SRC / name)
-    roots = {m.split(".")[0] for m in imports}
-    assert not roots & (WORLD | {"threading", "logging"}), f"{name} imports {roots & WORLD}"
-    engine = {m for m in imports if m.startswith("deferq.") and
-              m.split(".")[1] + ".py" in ENGINE + ("backends.py", "_osenv.py", "_config.py")}
-    assert not engine, f"{name} imports engine modules {engine}"
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-@pytest.mark.parametrize("name", ENGINE)
-def test_engine_modules_reach_the_world_only_through_env(name: str) -> None:
-    roots = {m.split(".")[0] for m in imported_modules(SRC / name)}
-    assert not roots & WORLD, f"{name} imports {roots & WORLD}; use the Env seam"
-    assert "deferq.testing" not in imported_modules(SRC / name)
+def _resolve(name: str) -> str:
+    """The deferq module an imported name refers to (``from a.b import c``: ``a.b.c`` when
+    that is a module, else ``a.b``)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
 
 
-def test_only_the_os_env_and_facades_import_os() -> None:
-    # Command-line front ends and the real power-cut harness (which drives real
-    # processes, mounts and ioctls) are tools around the engine, not the engine.
-    allowed = {"_osenv.py", "_options.py", "backends.py", "_cli.py", "_cli_crash.py",
-               "_cli_power.py", "_cli_ops.py"}
-    for path in SRC.rglob("*.py"):
-        if path.parent.name in ("testing", "_power"):
+def _runtime_nodes(body: list[ast.stmt], *, top_level_only: bool) -> list[ast.AST]:
+    """The statements of ``body`` and, unless ``top_level_only``, every node nested in them,
+    leaving out ``if TYPE_CHECKING:`` blocks: imports that only mypy runs are not edges."""
+    out: list[ast.AST] = []
+    for node in body:
+        if (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                and node.test.id == "TYPE_CHECKING"):
+            out.extend(_runtime_nodes(node.orelse, top_level_only=top_level_only))
             continue
-        roots = {m.split(".")[0] for m in imported_modules(path)}
-        if "os" in roots or "fcntl" in roots:
-            assert path.name in allowed, f"{path.name} imports os/fcntl"
+        if top_level_only:
+            out.append(node)
+            continue
+        stack: list[ast.AST] = [node]
+        while stack:
+            current = stack.pop()
+            out.append(current)
+            for child in ast.iter_child_nodes(current):
+                if isinstance(child, ast.If) and isinstance(child.test, ast.Name) \
+                        and child.test.id == "TYPE_CHECKING":
+                    stack.extend(child.orelse)
+                else:
+                    stack.append(child)
+    return out
+
+
+def imports(module: str, *, top_level_only: bool = False) -> set[str]:
+    """Every name ``module`` imports at run time (at load or inside a function): stdlib
+    roots as written, deferq modules resolved."""
+    tree = ast.parse(MODULES[module].read_text())
+    nodes = _runtime_nodes(tree.body, top_level_only=top_level_only)
+    out: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out.update(_resolve(a.name) if a.name.startswith("deferq") else a.name
+                       for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("deferq"):
+                out.update(_resolve(f"{node.module}.{a.name}") for a in node.names)
+            else:
+                out.add(node.module)
+    out.discard(module)
+    return out
+
+
+def layer_of(module: str) -> str | None:
+    """The library layer or tool a module belongs to (the longest matching prefix)."""
+    if module == "deferq.__main__":
+        return "deferq._cli"  # ``python -m deferq`` is the command line
+    best = None
+    for prefix in (*LAYERS, *TOOLS):
+        if module == prefix or module.startswith(prefix + "."):
+            if best is None or len(prefix) > len(best):
+                best = prefix
+    return best
+
+
+def test_every_module_is_in_a_layer_or_a_tool() -> None:
+    assert len(MODULES) > 40
+    unplaced = [m for m in MODULES if layer_of(m) is None]
+    assert unplaced == []
+    # The facade layer "deferq" holds only the package itself.
+    assert [m for m in MODULES if layer_of(m) == "deferq"] == ["deferq"]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer_of(m) in LAYERS))
+def test_library_modules_import_only_their_own_layer_and_lower_ones(module: str) -> None:
+    own = LAYERS.index(str(layer_of(module)))
+    allowed_tool = LAZY_TOOL_IMPORTS.get(module)
+    for target in sorted(i for i in imports(module) if i.startswith("deferq")):
+        layer = layer_of(target)
+        if layer in TOOLS:
+            assert layer == allowed_tool, f"{module} imports the tool {target}"
+            assert target not in imports(module, top_level_only=True), (
+                f"{module} imports {target} at load time; import it in the handler")
+            continue
+        assert layer is not None and LAYERS.index(layer) <= own, (
+            f"{module} ({LAYERS[own]}) imports {target} ({layer}), a higher layer")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer_of(m) == "deferq._core"))
+def test_the_pure_core_imports_no_io_and_nothing_outside_the_core(module: str) -> None:
+    roots = {i.split(".")[0] for i in imports(module) if not i.startswith("deferq")}
+    assert not roots & (WORLD | CORE_ALSO_FORBIDDEN), f"{module} imports {roots & WORLD}"
+    outside = {i for i in imports(module) if i.startswith("deferq")
+               and layer_of(i) != "deferq._core"}
+    assert not outside, f"{module} imports {outside}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer_of(m) == "deferq._engine"
+                                          and m != ENGINE_OS_ADAPTER))
+def test_engine_modules_reach_the_world_only_through_env(module: str) -> None:
+    roots = {i.split(".")[0] for i in imports(module) if not i.startswith("deferq")}
+    assert not roots & WORLD, f"{module} imports {roots & WORLD}; use the Env seam"
+    assert ENGINE_OS_ADAPTER not in imports(module), f"{module} imports the OS adapter"
+
+
+def test_only_the_os_adapter_and_the_front_ends_import_os() -> None:
+    # The OS adapter, option checks (os.PathLike), the CLI front ends and the tools (which
+    # drive real processes, mounts and ioctls, or show files) are around the engine.
+    allowed = {ENGINE_OS_ADAPTER, "deferq.backends._options", "deferq.backends.disk",
+               "deferq._cli.ops"}
+    for module in MODULES:
+        if layer_of(module) in TOOLS:
+            continue
+        roots = {i.split(".")[0] for i in imports(module)}
+        if roots & {"os", "fcntl"}:
+            assert module in allowed, f"{module} imports os/fcntl"
+
+
+def _cycle() -> list[str] | None:
+    graph = {m: sorted(i for i in imports(m) if i in MODULES) for m in MODULES}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for module in graph:
+        if module not in state:
+            found = visit(module)
+            if found:
+                return found
+    return None
+
+
+def test_no_module_takes_part_in_an_import_cycle() -> None:
+    assert _cycle() is None, " -> ".join(_cycle() or [])
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    # The check above must be able to fail: plant a cycle and see it found.
+    original = imports
+    try:
+        globals()["imports"] = lambda m, **kw: original(m, **kw) | (
+            {"deferq._cli.ops"} if m == "deferq._core.limits" else set())
+        assert _cycle() is not None
+    finally:
+        globals()["imports"] = original
+
+
+_PROBE = """
+import json, sys
+{setup}
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("deferq"))))
+"""
+
+
+def _loaded(setup: str, cwd: Path) -> list[str]:
+    result = subprocess.run([sys.executable, "-c", _PROBE.format(setup=setup)], cwd=cwd,
+                            capture_output=True, text=True, timeout=60, check=True)
+    loaded: list[str] = json.loads(result.stdout.strip().splitlines()[-1])
+    return loaded
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setup", [
+    "import deferq",
+    "import deferq.backends",
+    "from deferq._cli import main\nmain(['stats', '--path', 'store'])",
+    "from deferq._cli import main\nmain(['dead', 'list', '--path', 'store'])",
+    "from deferq._cli import main\nmain(['verify', '--path', 'store'])",
+    "from deferq._cli import main\nmain(['pending', 'list', '--path', 'store'])",
+])
+def test_the_library_and_the_operator_commands_load_no_tool(setup: str, tmp_path: Path) -> None:
+    from deferq.backends import Disk
+
+    Disk(path=tmp_path / "store").close()
+    loaded = _loaded(setup, tmp_path)
+    assert "deferq" in loaded
+    tools = [m for m in loaded if layer_of(m) in TOOLS]
+    assert tools == [], f"{setup!r} loaded {tools}"
+
+
+@pytest.mark.slow
+def test_the_probe_sees_a_tool_when_one_is_loaded(tmp_path: Path) -> None:
+    loaded = _loaded("import deferq.crashtest", tmp_path)
+    assert "deferq.crashtest" in loaded and layer_of("deferq.crashtest") in TOOLS
+
+
+def test_the_cli_repeats_the_simulators_names_exactly() -> None:
+    from deferq._cli import crash
+    from deferq.crashtest import cli as crash_cli
+    from deferq.crashtest._explore import BOUNDS
+    from deferq.crashtest._persistence import MODELS
+
+    assert crash.MODELS == tuple(MODELS)
+    assert crash.BOUND_NAMES == tuple(sorted(BOUNDS))
+    assert crash.EXIT_INCOMPLETE == crash_cli.EXIT_INCOMPLETE

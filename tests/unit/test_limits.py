@@ -1,4 +1,4 @@
-"""Unit tests of the limits module (src/deferq/_limits.py; L-2 and the limit relations).
+"""Unit tests of the limits module (src/deferq/_core/limits.py; L-2 and the limit relations).
 
 Goal: the dead-task lock back-off is exactly L-2's schedule, and the relations between
 limits that the engine relies on hold, including that the largest dead-task record the
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from deferq import _limits as limits
-from deferq._format import DeadLine, decode_dead_line, decode_dead_payload, encode_dead
-from deferq._types import DeadTask
+from deferq._core import limits
+from deferq._core.format import DeadLine, decode_dead_line, decode_dead_payload, encode_dead
+from deferq._core.types import DeadTask
 
 
 @pytest.mark.spec("L-2")

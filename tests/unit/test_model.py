@@ -1,4 +1,4 @@
-"""The pure model (``deferq._model``): the executable spec of what a recovery may show.
+"""The pure model (``deferq._core.model``): the executable spec of what a recovery may show.
 
 Goal: pin down the crash relation of spec/durability.md on small, hand-made
 histories, so the stateful and exhaustive crash suites (which use the model as
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from deferq._model import ABSENT, Crash, Dead, Pending, StorageModel
+from deferq._core.model import ABSENT, Crash, Dead, Pending, StorageModel
 
 A = Pending(b"a", None)
 B = Pending(b"b", 7)

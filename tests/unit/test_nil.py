@@ -1,4 +1,4 @@
-"""Unit tests of the ``Nil`` backend (src/deferq/backends.py, C-10).
+"""Unit tests of the ``Nil`` backend (src/deferq/backends/disk.py, C-10).
 
 Goal: Nil accepts any options, never touches the filesystem and answers every method
 with its documented empty value. Method: build Nil with assorted (even invalid) options

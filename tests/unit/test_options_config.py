@@ -1,4 +1,4 @@
-"""Unit tests of option validation and ``Config`` (src/deferq/_options.py, _config.py; C-1..C-6).
+"""Unit tests of option validation and ``Config`` (src/deferq/backends/_options.py, _config.py; C-1..C-6).
 
 Goal: every accepted and rejected form of ``config.backend`` and of each Disk option is
 pinned, with error messages that name the bad value and what is supported. Method: call
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from deferq import Config, DiskOptions
-from deferq._options import check_fsync_frequency, check_path, check_prefix
+from deferq.backends._options import check_fsync_frequency, check_path, check_prefix
 from deferq.backends import Disk, Nil
 
 

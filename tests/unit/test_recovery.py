@@ -1,4 +1,4 @@
-"""Unit tests of the line splitters, tail repair and WAL replay (src/deferq/_recovery.py).
+"""Unit tests of the line splitters, tail repair and WAL replay (src/deferq/_core/recovery.py).
 
 Goal: pin the edge cases of splitting files into lines (empty file, lone newline, no
 newline, empty lines, chunk boundaries on newlines, over-long lines R-@E, torn tails
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from deferq._format import LineFault, encode_add, encode_dead, encode_rem, frame
-from deferq._recovery import (
+from deferq._core.format import LineFault, encode_add, encode_dead, encode_rem, frame
+from deferq._core.recovery import (
     RECOVERY_TABLE,
     BackwardLines,
     ForwardLines,
@@ -22,7 +22,7 @@ from deferq._recovery import (
     live_fields,
     tail_cut,
 )
-from deferq._types import DeadTask
+from deferq._core.types import DeadTask
 
 
 def chunked(data: bytes, size: int) -> list[bytes]:

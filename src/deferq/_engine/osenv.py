@@ -1,0 +1,213 @@
+"""The real ``Env``: the operating system, through ``os`` and ``fcntl``.
+
+Rules: a thin adapter with no policy. Every method is one system call (or the
+smallest fixed sequence, as for a directory fsync: open, fsync, close), so the
+simulated Env in ``deferq.crashtest`` can mirror it call for call and the
+conformance tests can compare the two.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+from deferq._engine.env import Cancel, FileStat, MappedWindow, OpenFlag
+from deferq._core.limits import WAL_RESERVE_BYTES
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_OS_BITS: dict[int, int] = {}  # OpenFlag value -> os.O_* bits
+_monotonic: Callable[[], float] = time.monotonic
+_posix_fallocate: Callable[[int, int, int], None] | None = getattr(os, "posix_fallocate", None)
+# W-26 relies on fsync(2) writing back the pages a store into a MAP_SHARED mapping dirtied, as
+# Linux's does (one page cache); elsewhere (macOS wants msync) the WAL writes its records.
+_MAP_FSYNC_COVERED: Final = sys.platform.startswith("linux")
+# ... and on a store into posix_fallocate'd space needing no new space: true where the blocks are
+# allocated in place (a copy-on-write filesystem such as btrfs may need space at the first write of
+# a page, and a page fault that cannot get it is SIGBUS, where write would return ENOSPC).
+MAP_SAFE_FILESYSTEMS: Final = frozenset({"ext2", "ext3", "ext4", "xfs", "tmpfs"})
+
+
+def fs_type(fd: int) -> str | None:
+    """The type of the filesystem ``fd`` is on, from Linux's /proc; None when unknown."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
+            mount_id = next(line.split()[1] for line in info if line.startswith(b"mnt_id:"))
+        with open("/proc/self/mountinfo", "rb") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if fields[0] == mount_id:  # "ID PARENT MAJ:MIN ROOT POINT OPTS [TAGS] - TYPE ..."
+                    return fields[fields.index(b"-") + 1].decode()
+    except (OSError, StopIteration, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    return None
+
+# The process id, refreshed in every child of os.fork() (including multiprocessing's fork start
+# method): the storage engine compares it on every operation to refuse use from a forked child
+# (W-14), and os.getpid() is a system call (~0.3 us), twice per task on the WAL's hot path.
+_pid = os.getpid()
+
+
+def _refresh_pid() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_refresh_pid)
+
+
+def os_flags(flags: OpenFlag) -> int:
+    """Map ``OpenFlag`` to ``os.O_*`` bits (``OsEnv.open`` caches it: flag tests cost ~10 us)."""
+    if OpenFlag.WRITE in flags:
+        bits = os.O_RDWR if OpenFlag.READ in flags else os.O_WRONLY
+    else:
+        bits = os.O_RDONLY
+    for flag, bit in (
+        (OpenFlag.APPEND, os.O_APPEND),
+        (OpenFlag.CREATE, os.O_CREAT),
+        (OpenFlag.EXCLUSIVE, os.O_EXCL),
+        (OpenFlag.TRUNCATE, os.O_TRUNC),
+    ):
+        if flag in flags:
+            bits |= bit
+    return bits | _O_CLOEXEC
+
+
+class _Ticker:
+    """A daemon thread that calls a function every interval until cancelled."""
+
+    def __init__(self, interval_s: float, callback: Callable[[], None]) -> None:
+        self._stop = threading.Event()
+        self._interval_s = interval_s
+        self._callback = callback
+        self._thread = threading.Thread(target=self._run, name="deferq-ticker", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._callback()
+            except Exception:  # noqa: BLE001 - the callback records its own failure state.
+                # The callback (Disk.tick) turns failures into the backend's BROKEN state,
+                # which the next foreground call reports; a background thread has no caller.
+                continue
+
+    def cancel(self) -> None:
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+
+class OsEnv:
+    """The operating system as an ``Env``."""
+
+    reserve_bytes: int = WAL_RESERVE_BYTES
+    map_granularity: int = mmap.ALLOCATIONGRANULARITY
+
+    def open(self, path: str, flags: OpenFlag, mode: int = 0o600) -> int:
+        bits = _OS_BITS.get(flags._value_)  # an int key: hashing the Flag is a Python call
+        if bits is None:
+            bits = _OS_BITS[flags._value_] = os_flags(flags)
+        return os.open(path, bits, mode)
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        return os.pread(fd, size, offset)
+
+    # The two calls of the WAL's hot path are the builtins themselves (no Python frame).
+    write: Callable[[int, bytes], int] = staticmethod(os.write)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def allocate(self, fd: int, offset: int, length: int) -> None:
+        if _posix_fallocate is None:  # macOS has no posix_fallocate: the WAL stops asking (W-25)
+            raise OSError(errno.EOPNOTSUPP, "posix_fallocate is not available on this system")
+        _posix_fallocate(fd, offset, length)
+
+    def seek(self, fd: int, offset: int) -> None:
+        os.lseek(fd, offset, os.SEEK_SET)
+
+    def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
+        if not _MAP_FSYNC_COVERED:
+            raise OSError(errno.ENOTSUP, "W-26 maps WAL space only where fsync covers stores (Linux)")
+        kind = fs_type(fd)
+        if kind not in MAP_SAFE_FILESYSTEMS:
+            raise OSError(errno.ENOTSUP, f"W-26 does not map files on {kind or 'an unknown'} "
+                          "filesystem: a store there could need space and fail with SIGBUS")
+        try:
+            return mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
+                             offset=offset)
+        except ValueError as exc:  # Python's own checks (a file shorter than the window)
+            raise OSError(errno.EINVAL, str(exc)) from exc
+
+    def fstat(self, fd: int) -> FileStat:
+        st = os.fstat(fd)
+        return FileStat(st.st_dev, st.st_ino, st.st_size, st.st_nlink, st.st_ctime_ns)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def flock_exclusive_nb(self, fd: int) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise
+        return True
+
+    def flock_unlock(self, fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def makedirs(self, path: str, mode: int = 0o700) -> None:
+        os.makedirs(path, mode=mode, exist_ok=True)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def time(self) -> float:
+        return time.time()
+
+    monotonic = staticmethod(_monotonic)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def getpid(self) -> int:
+        return _pid
+
+    def random_u32(self) -> int:
+        return random.SystemRandom().getrandbits(32)
+
+    def local_date(self) -> str:
+        return time.strftime("%Y%m%d", time.localtime())
+
+    def call_every(self, interval_s: float, callback: Callable[[], None]) -> Cancel:
+        return _Ticker(interval_s, callback)
+
+
+OS_ENV = OsEnv()
+"""The one real Env of this process: every Disk opened without ``env=`` shares it (and its id source)."""

@@ -1,0 +1,104 @@
+"""``deferq verify``: a read-only scan of every deferq file in a storage directory (Q-17).
+
+Rules: nothing is locked, written or created, so it is safe while workers run
+(a file that a worker rotates or merges away between the listing and the open
+is skipped). Every line of every WAL file (F-1) and of the dead-task data file
+(F-9) is classified by the recovery table (spec/recovery.md): valid records
+count as records, everything else is counted under its R-@ label; a dead-task
+record whose payload does not decode counts under R-@G. A torn tail is damage
+too: the next add (dead-task store) or the next open (WAL) cuts it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from deferq._engine.env import Env, OpenFlag
+from deferq._core.format import (
+    BadLine,
+    LineFault,
+    dead_data_name,
+    decode_dead_line,
+    decode_dead_payload,
+    decode_wal_line,
+    is_wal_file_name,
+)
+from deferq._engine.io import join, lines_forward, records_end
+from deferq._core.recovery import line_body
+
+
+@dataclass(slots=True)
+class FileReport:
+    """What the scan found in one file."""
+
+    name: str
+    kind: str  # "wal" or "dead"
+    size_bytes: int = 0
+    reserved_bytes: int = 0  # a WAL file's space reserved after its records (W-25, R-@L)
+    records: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+    torn_tail_bytes: int = 0
+
+    @property
+    def damaged(self) -> bool:
+        return bool(self.faults)
+
+
+def _fault(report: FileReport, fault: LineFault) -> None:
+    report.faults[fault.value] = report.faults.get(fault.value, 0) + 1
+
+
+def verify_file(env: Env, path: str, name: str, kind: str) -> FileReport | None:
+    """Scan one file; None when it disappeared before it could be opened."""
+    try:
+        fd = env.open(join(path, name), OpenFlag.READ)
+    except FileNotFoundError:
+        return None
+    report = FileReport(name, kind)
+    try:
+        report.size_bytes = env.fstat(fd).size
+        # R-@L: a WAL file's reserved space (W-25) is neither records nor damage.
+        end = records_end(env, fd, report.size_bytes) if kind == "wal" else report.size_bytes
+        report.reserved_bytes = report.size_bytes - end
+        for raw in lines_forward(env, fd, end):
+            data, faults = line_body(raw)
+            for fault in faults:
+                _fault(report, fault)
+            if not raw.complete:
+                report.torn_tail_bytes = end - raw.offset
+            if data is None:
+                continue
+            if kind == "wal":
+                record = decode_wal_line(data)
+                if isinstance(record, BadLine):
+                    _fault(report, record.fault)
+                    continue
+            else:
+                framed = decode_dead_line(data)
+                if isinstance(framed, BadLine):
+                    _fault(report, framed.fault)
+                    continue
+                task = decode_dead_payload(framed)
+                if isinstance(task, BadLine):
+                    _fault(report, task.fault)
+                    continue
+            report.records += 1
+    finally:
+        env.close(fd)
+    return report
+
+
+def verify_directory(env: Env, path: str, prefix: str) -> list[FileReport]:
+    """Scan every WAL file of ``prefix`` (name order) and the dead-task data file."""
+    names = env.listdir(path)
+    reports = []
+    for name in sorted(n for n in names if is_wal_file_name(prefix, n)):
+        report = verify_file(env, path, name, "wal")
+        if report is not None:
+            reports.append(report)
+    dead = dead_data_name(prefix)
+    if dead in names:
+        report = verify_file(env, path, dead, "dead")
+        if report is not None:
+            reports.append(report)
+    return reports

@@ -1,0 +1,1 @@
+"""The queue runtime: tasks, the queue, context serialization, the operator API and configuration."""

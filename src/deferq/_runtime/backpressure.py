@@ -1,0 +1,44 @@
+"""Backpressure: high and low water marks on the backlog of immediate tasks (spec/queue.md Q-11).
+
+Rules: every value is validated when it is built (``Backpressure`` raises ``ValueError``
+naming the bad field).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+BACKPRESSURE_SLEEP_S: Final = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Backpressure:
+    """High/low water marks on the backlog of immediate tasks, and the wait timeout (s)."""
+
+    high_water_mark: int = 1000
+    low_water_mark: int | None = None  # default round(0.8 * high)
+    timeout: float = 2.0
+
+    def __post_init__(self) -> None:
+        high, low, timeout = self.high_water_mark, self.low, self.timeout
+        if isinstance(high, bool) or not isinstance(high, int) or high <= 0:
+            raise ValueError(f"high_water_mark must be a positive int, got {high!r}")
+        if isinstance(low, bool) or not isinstance(low, int) or not 0 <= low <= high:
+            raise ValueError(f"low_water_mark must be an int in [0, high_water_mark], got {low!r}")
+        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                or not math.isfinite(timeout) or timeout < 0):
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+
+    @property
+    def low(self) -> int:
+        """The effective low water mark."""
+        if self.low_water_mark is None:
+            return round(0.8 * self.high_water_mark)
+        return self.low_water_mark
+
+    @property
+    def iterations(self) -> int:
+        """How many ``BACKPRESSURE_SLEEP_S`` sleeps the timeout allows."""
+        return round(self.timeout / BACKPRESSURE_SLEEP_S)

@@ -1,0 +1,13 @@
+"""The queue's errors (spec/queue.md); each a ``DeferqError``."""
+
+from __future__ import annotations
+
+from deferq._core.errors import DeferqError
+
+
+class PushTimeout(DeferqError, TimeoutError):
+    """The backlog stayed above the low water mark for the whole backpressure timeout."""
+
+
+class UnloadableTaskError(DeferqError):
+    """Recorded as the exception of a task that could not be loaded at replay (Q-9)."""

@@ -1,0 +1,321 @@
+"""The task context record: what the queue gives the backend as a task's opaque bytes (spec/queue.md).
+
+Rules (Q-5, Q-6; pickle: Q-18, Q-19 at the end of this module):
+- A context is one line of UTF-8 JSON, an object with exactly the keys
+  ``v`` (record version, 1), ``task`` (the registered task name), ``args``
+  (a list), ``kwargs`` (an object) and ``attempts`` (failed executions so far,
+  an int >= 0). Key order and separators are fixed, so equal records encode to
+  equal bytes.
+- Encoding is strict: only ``None``, ``bool``, ``int``, ``float`` (finite),
+  ``str``, ``list`` and ``dict`` with ``str`` keys are accepted, because those
+  are exactly the values that come back from JSON unchanged. A tuple, a set, a
+  datetime, NaN or any other object raises ``SerializationError`` at enqueue,
+  before anything is stored: what ``perform`` receives is what was enqueued.
+- Decoding never imports or executes anything. It raises ``ContextError``
+  with a reason a person can read; the queue dead-letters the task with that
+  reason (Q-9).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import pickle
+from collections.abc import Callable, Iterable
+from typing import Final, NamedTuple
+
+from deferq._core.errors import DeferqError
+
+CONTEXT_VERSION: Final = 1
+_MAX_DEPTH: Final = 100
+_KEYS: Final = ("v", "task", "args", "kwargs", "attempts")
+
+# A JSON value as this module accepts it. ``object`` keeps mypy --strict honest
+# without explicit Any: the strict walk below is what checks the shape.
+JsonValue = object
+
+
+class SerializationError(DeferqError, TypeError):
+    """Task arguments that cannot be stored as JSON unchanged (raised at enqueue)."""
+
+
+class ContextError(DeferqError, ValueError):
+    """A stored context that cannot be decoded into a runnable task record."""
+
+
+class Context(NamedTuple):
+    """A decoded task context (immutable; a named tuple: built once per enqueue, a frozen
+    dataclass's ``__init__`` cost 5k instructions more, 6 % of a queue enqueue+complete)."""
+
+    task: str
+    args: tuple[JsonValue, ...]
+    kwargs: dict[str, JsonValue]
+    attempts: int = 0
+
+    def with_attempts(self, attempts: int) -> Context:
+        """The same record with another attempts count."""
+        return Context(self.task, self.args, self.kwargs, attempts)
+
+
+def _check_value(value: object, where: str, depth: int = 0) -> None:
+    if depth > _MAX_DEPTH:
+        raise SerializationError(f"{where} is nested more than {_MAX_DEPTH} levels deep")
+    if value is None or isinstance(value, (bool, int, str)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise SerializationError(f"{where} is {value!r}, which JSON cannot represent")
+        return
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_value(item, f"{where}[{index}]", depth + 1)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise SerializationError(
+                    f"{where} has a key of type {type(key).__name__}; JSON object keys must be str")
+            _check_value(item, f"{where}[{key!r}]", depth + 1)
+        return
+    hint = "; pass a list" if isinstance(value, (tuple, set, frozenset)) else ""
+    raise SerializationError(
+        f"{where} of type {type(value).__name__} cannot be stored as JSON unchanged{hint}")
+
+
+def _dumps(record: dict[str, object]) -> str:
+    """``json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))``."""
+    return json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _make_fast_dumps() -> Callable[[dict[str, object]], str] | None:
+    """The C encoder ``json.dumps`` builds per call, built once (it is most of an enqueue's cost).
+
+    Same output as ``_dumps`` (a property test checks it) for every value ``_check_value``
+    accepts; ``json.dumps`` would also check for reference cycles, which cannot reach
+    here: a cycle is nested deeper than ``_MAX_DEPTH`` and refused first.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # an interpreter without the _json accelerator
+        return None
+    default = json.JSONEncoder().default  # raises TypeError: never reached for checked values
+    encoder = make(None, default, json.encoder.encode_basestring, None, ":", ",",
+                   False, False, False)
+
+    def fast_dumps(record: dict[str, object]) -> str:
+        return "".join(encoder(record, 0))
+    return fast_dumps
+
+
+_FAST_DUMPS: Final = _make_fast_dumps() or _dumps
+# Argument types that need no walk: the common case of an enqueue, checked without a call.
+_SCALARS: Final = frozenset({type(None), bool, int, str})
+
+
+# The scalar fast path of encode_context: json's own string encoder (C), and per task name
+# the record's text up to its args (a bounded cache: names come from registered tasks).
+_encode_str: Final = json.encoder.encode_basestring
+_RECORD_HEADS: dict[str, str] = {}
+_RECORD_HEADS_MAX: Final = 1024
+
+
+def _scalars_json(values: Iterable[object]) -> list[str] | None:
+    """The JSON text of each value if all are exact ``int``, ``str``, ``bool`` or None."""
+    out = []
+    for value in values:
+        kind = type(value)
+        if kind is int:
+            out.append(repr(value))  # what json's encoder writes for an exact int
+        elif kind is str and isinstance(value, str):  # (isinstance: for the type checker)
+            out.append(_encode_str(value))
+        elif value is None:
+            out.append("null")
+        elif kind is bool:
+            out.append("true" if value else "false")
+        else:
+            return None
+    return out
+
+
+def _encode_scalars(context: Context) -> str | None:
+    """The record's JSON text when every argument is a scalar ``_scalars_json`` takes
+    (and every keyword a plain ``str``), else None: the same text ``_FAST_DUMPS`` writes,
+    built without a dict, a list and the encoder's per-item calls."""
+    args = _scalars_json(context.args)
+    if args is None or type(context.attempts) is not int:
+        return None
+    kwargs = context.kwargs
+    if kwargs:
+        if not all(type(key) is str for key in kwargs):
+            return None
+        values = _scalars_json(kwargs.values())
+        if values is None:
+            return None
+        items = ",".join([f"{_encode_str(key)}:{value}"
+                          for key, value in zip(kwargs, values)])
+    else:
+        items = ""
+    head = _RECORD_HEADS.get(context.task)
+    if head is None:
+        head = f'{{"v":{CONTEXT_VERSION},"task":{_encode_str(context.task)},"args":['
+        if len(_RECORD_HEADS) < _RECORD_HEADS_MAX:
+            _RECORD_HEADS[context.task] = head
+    return f'{head}{",".join(args)}],"kwargs":{{{items}}},"attempts":{context.attempts}}}'
+
+
+def encode_context(context: Context) -> bytes:
+    """The context's single-line JSON bytes; raises SerializationError for bad arguments."""
+    text = _encode_scalars(context)
+    if text is not None:
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate in a str argument
+            raise SerializationError(
+                f"an argument is not valid Unicode text: {exc.reason}") from None
+    for index, arg in enumerate(context.args):
+        if type(arg) not in _SCALARS:
+            _check_value(arg, f"argument {index}")
+    for name, arg in context.kwargs.items():
+        if type(arg) not in _SCALARS:
+            _check_value(arg, f"keyword argument {name!r}")
+    record: dict[str, object] = {
+        "v": CONTEXT_VERSION, "task": context.task, "args": list(context.args),
+        "kwargs": context.kwargs, "attempts": context.attempts}
+    text = _FAST_DUMPS(record)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate in a str argument
+        raise SerializationError(f"an argument is not valid Unicode text: {exc.reason}") from None
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def peek_task_name(data: bytes) -> str | None:
+    """The ``task`` field of a context if it can be read at all, else None (for reports)."""
+    try:
+        record = json.loads(bytes(data).decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(record, dict):
+        name = record.get("task")
+        if isinstance(name, str) and name:
+            return name
+    return None
+
+
+def decode_context(data: bytes) -> Context:
+    """Parse a stored context; raise ContextError naming what is wrong."""
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ContextError(f"context is not UTF-8 text: {exc.reason}") from None
+    try:
+        record = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ContextError("context JSON is nested too deeply") from None
+    except ValueError as exc:
+        raise ContextError(f"context is not valid JSON: {exc}") from None
+    if not isinstance(record, dict):
+        raise ContextError(f"context JSON is a {type(record).__name__}, not an object")
+    if record.get("v") != CONTEXT_VERSION:
+        raise ContextError(f"context record version {record.get('v')!r} is not supported "
+                           f"(expected {CONTEXT_VERSION})")
+    extra = sorted(set(record) - set(_KEYS))
+    if extra:
+        raise ContextError(f"context has unknown field(s) {', '.join(map(repr, extra))}")
+    task, args, kwargs, attempts = (record.get(k) for k in _KEYS[1:])
+    if not isinstance(task, str) or not task:
+        raise ContextError("context has no task name")
+    if not isinstance(args, list):
+        raise ContextError("context field 'args' is not a list")
+    if not isinstance(kwargs, dict):
+        raise ContextError("context field 'kwargs' is not an object")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+        raise ContextError(f"context field 'attempts' is {attempts!r}, not an int >= 0")
+    return Context(task=task, args=tuple(args), kwargs=dict(kwargs), attempts=attempts)
+
+
+# ----------------------------------------------------------------------------- codecs (Q-18, Q-19)
+
+PICKLE_MAGIC: Final = b"deferq-pickle-1:"
+PICKLE_KEY_BYTES_MIN: Final = 16
+_TAG_HEX_BYTES: Final = 64
+
+
+class ContextCodec:
+    """Turns contexts into the backend's opaque bytes and back (Q-18, Q-19).
+
+    The default writes JSON (``encode_context``) and reads only JSON: a pickled
+    context is refused, because unpickling runs code. With ``pickle_key`` set,
+    ``use_pickle=True`` writes pickles sealed with HMAC-SHA256 under that key,
+    and both JSON and sealed pickles are read; a pickle whose tag does not
+    verify is refused before ``pickle.loads`` sees a byte. Envelope:
+    ``deferq-pickle-1:`` + 64 lowercase hex digits of the tag + ``:`` + the
+    pickle, the tag covering the magic and the pickle.
+    """
+
+    def __init__(self, *, pickle_key: bytes | None = None, use_pickle: bool = False) -> None:
+        if pickle_key is not None:
+            if not isinstance(pickle_key, bytes) or len(pickle_key) < PICKLE_KEY_BYTES_MIN:
+                raise ValueError(f"pickle_key must be bytes of at least {PICKLE_KEY_BYTES_MIN} "
+                                 "bytes (a secret from configuration)")
+        if use_pickle and pickle_key is None:
+            raise ValueError("use_pickle=True needs a pickle_key: pickled contexts are always "
+                             "authenticated")
+        self._key = pickle_key
+        self.use_pickle = use_pickle
+
+    def _tag(self, body: bytes) -> bytes:
+        assert self._key is not None
+        return hmac.new(self._key, PICKLE_MAGIC + body, hashlib.sha256).hexdigest().encode()
+
+    def encode(self, context: Context) -> bytes:
+        """Bytes for the backend; raises SerializationError for arguments that cannot be stored."""
+        if not self.use_pickle:
+            return encode_context(context)
+        record = (CONTEXT_VERSION, context.task, tuple(context.args), dict(context.kwargs),
+                  context.attempts)
+        try:
+            body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - pickling can fail with any exception
+            raise SerializationError(f"arguments cannot be pickled: {exc}") from None
+        return PICKLE_MAGIC + self._tag(body) + b":" + body
+
+    def decode(self, data: bytes) -> Context:
+        """A context from the backend's bytes; raises ContextError naming what is wrong."""
+        data = bytes(data)
+        if not data.startswith(PICKLE_MAGIC):
+            return decode_context(data)
+        if self._key is None:
+            raise ContextError("context is pickled but no pickle key is configured; refusing to "
+                               "unpickle it")
+        rest = data[len(PICKLE_MAGIC):]
+        tag, sep, body = rest[:_TAG_HEX_BYTES], rest[_TAG_HEX_BYTES:_TAG_HEX_BYTES + 1], \
+            rest[_TAG_HEX_BYTES + 1:]
+        if sep != b":" or not hmac.compare_digest(tag, self._tag(body)):
+            raise ContextError("pickled context failed authentication (HMAC tag does not verify)")
+        try:
+            record = pickle.loads(body)
+        except Exception as exc:  # noqa: BLE001 - an authenticated pickle may still not load
+            raise ContextError(f"pickled context does not load: {type(exc).__name__}: {exc}"
+                               ) from None
+        if not (isinstance(record, tuple) and len(record) == 5 and record[0] == CONTEXT_VERSION
+                and isinstance(record[1], str) and record[1] and isinstance(record[2], tuple)
+                and isinstance(record[3], dict) and type(record[4]) is int and record[4] >= 0):
+            raise ContextError("pickled context is not a deferq task record")
+        return Context(task=record[1], args=record[2], kwargs=dict(record[3]), attempts=record[4])
+
+    def peek_task_name(self, data: bytes) -> str | None:
+        """The task name if it can be read without running untrusted code, else None."""
+        if bytes(data).startswith(PICKLE_MAGIC):
+            try:
+                return self.decode(data).task
+            except ContextError:
+                return None
+        return peek_task_name(data)
+
+
+JSON_CODEC: Final = ContextCodec()

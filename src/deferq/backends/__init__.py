@@ -1,0 +1,13 @@
+"""The storage backends the queue runs on, one module each, behind one protocol.
+
+- ``Disk`` (``disk``): a tasks WAL per worker and a shared dead-task store in a directory.
+- ``Nil`` (``nil``): stores nothing.
+- ``Backend`` (``protocol``): what the queue and the operator tools require of a backend;
+  a new backend implements it (spec/api.md).
+"""
+
+from deferq.backends.disk import Disk
+from deferq.backends.nil import Nil
+from deferq.backends.protocol import Backend
+
+__all__ = ["Backend", "Disk", "Nil"]

@@ -1,0 +1,87 @@
+"""The dead task a backend stores for a task that gave up: the exception's class, message and
+backtrace, clipped to the format's limits (spec/format.md F-10, F-12).
+
+Rules: pure functions of the exception and the arguments (already checked by the caller);
+the result satisfies F-12 or a ``ValueError`` says which limit it breaks.
+"""
+
+from __future__ import annotations
+
+from deferq._core.format import dead_problem, id_seed
+from deferq._core.limits import (
+    BACKTRACE_FRAME_CHARS_MAX,
+    BACKTRACE_FRAMES_MAX,
+    EXCEPTION_CLASS_CHARS_MAX,
+    EXCEPTION_MESSAGE_CHARS_MAX,
+)
+from deferq._core.types import DeadTask, dead_task_of
+
+_TRUNCATED = "...[truncated]"
+
+
+def _clip(text: str, limit: int) -> str:
+    """Escape lone surrogates (F-12 text is UTF-8) and cut to ``limit`` characters."""
+    if not text.isascii():  # ASCII (the usual case) has no surrogates to escape
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - len(_TRUNCATED)] + _TRUNCATED
+
+
+def exception_class_name(exception: BaseException) -> str:
+    """``module.QualName``, or just the name for builtins (F-10)."""
+    cls = type(exception)
+    module = cls.__module__
+    name = cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+    return _clip(name, EXCEPTION_CLASS_CHARS_MAX)
+
+
+def exception_backtrace(exception: BaseException) -> tuple[str, ...]:
+    """The frames nearest the raise, outermost first, at most BACKTRACE_FRAMES_MAX (F-10)."""
+    # The traceback chain walked by hand (what traceback.walk_tb yields, without its
+    # generator; no source-line lookups as extract_tb does): part of every give-up.
+    links = []
+    tb = exception.__traceback__
+    while tb is not None:
+        links.append(tb)
+        tb = tb.tb_next
+    frames = []
+    for tb in links[-BACKTRACE_FRAMES_MAX:]:
+        code = tb.tb_frame.f_code
+        text = f"{code.co_filename}:{tb.tb_lineno}:in {code.co_name}"
+        frames.append(text if len(text) <= BACKTRACE_FRAME_CHARS_MAX and text.isascii()
+                      else _clip(text, BACKTRACE_FRAME_CHARS_MAX))
+    return tuple(frames)
+
+
+def dead_task_for(task_id: str, context: bytes, exception: BaseException, task_class: str,
+                  attempts: int, failed_at: int) -> DeadTask:
+    """The dead task ``Disk.add_dead_task`` stores, checked against F-12.
+
+    The arguments passed ``add_dead_task``'s checks (a valid id, a context and a
+    non-empty ``task_class`` within their limits, ``attempts`` >= 0).
+
+    Raises:
+        ValueError: the task breaks an F-12 limit (a lone surrogate in ``task_class``,
+            a clock before the epoch).
+    """
+    task = dead_task_of(  # DeadTask(id=task_id, task_class=task_class, ...), cheaper (F-10)
+        task_id, task_class, attempts, id_seed(task_id), failed_at,
+        exception_class_name(exception),
+        _clip(_safe_str(exception), EXCEPTION_MESSAGE_CHARS_MAX),
+        exception_backtrace(exception), context)
+    # F-12 holds by construction when task_class is ASCII and the clock is past the epoch:
+    # the id, context, task_class and attempts were checked by the caller, enqueued_at is
+    # id_seed's (>= 0), and the exception's class, message and frames are cut to their
+    # limits with every lone surrogate escaped (_clip, exception_backtrace); a property
+    # test checks it. Only the other cases pay for dead_problem's full walk.
+    if not (task_class.isascii() and failed_at >= 0):
+        problem = dead_problem(task)
+        if problem is not None:
+            raise ValueError(f"dead task {task_id!r} cannot be stored: {problem}")
+    return task
+
+
+def _safe_str(exception: BaseException) -> str:
+    try:
+        return str(exception)
+    except Exception as exc:  # noqa: BLE001 - a broken __str__ must not stop dead-lettering.
+        return f"<str() of the exception raised {type(exc).__name__}>"

@@ -1,0 +1,48 @@
+"""Validation of the Disk backend's options, shared by ``Disk`` and ``Config`` (spec/api.md).
+
+Rules: every check raises ``ValueError`` (also for a wrong type, so one except clause covers configuration mistakes)
+with a message that names the option, the bad value and what is supported
+(C-3..C-6). Nothing here touches the filesystem.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from deferq._core.limits import FSYNC_FREQUENCY_MAX_S
+
+
+def check_path(path: object) -> str:
+    """A non-empty ``str`` or ``os.PathLike`` without NUL (C-3)."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str):
+        raise ValueError(f"path must be a str or os.PathLike, not {type(path).__name__}")
+    if not path or "\x00" in path:
+        raise ValueError(f"path {path!r} must be a non-empty directory path without NUL")
+    return path
+
+
+def check_prefix(prefix: object) -> str:
+    """A prefix with meaning, no path separator or NUL; '-' appended if missing (C-4)."""
+    if not isinstance(prefix, str):
+        raise ValueError(f"prefix must be a str, not {type(prefix).__name__}")
+    for bad in ("/", "\\", "\x00", "\n"):
+        if bad in prefix:
+            raise ValueError(f"prefix {prefix!r} must not contain {bad!r}: it is part of file names")
+    if not prefix.strip("- \t") or prefix in (".", ".."):
+        raise ValueError(f"prefix {prefix!r} is empty of meaning: use letters or digits,"
+                         " e.g. 'deferred-'")
+    return prefix if prefix.endswith("-") else prefix + "-"
+
+
+def check_fsync_frequency(value: object) -> float:
+    """Seconds between WAL fsyncs: finite, >= 0, at most FSYNC_FREQUENCY_MAX_S (C-5)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"fsync_frequency must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value) if isinstance(value, float) or abs(value) <= 2**53 else math.inf
+    if not math.isfinite(seconds) or seconds < 0 or seconds > FSYNC_FREQUENCY_MAX_S:
+        raise ValueError(f"fsync_frequency {value!r} must be a finite number of seconds from 0"
+                         f" (fsync every write) to {FSYNC_FREQUENCY_MAX_S:g}")
+    return seconds

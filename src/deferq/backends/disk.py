@@ -1,0 +1,213 @@
+"""The ``Disk`` backend: this worker's tasks WAL and the directory's shared dead-task store
+(spec/api.md, spec/wal.md, spec/dead-tasks.md).
+
+Rules: this facade validates every public argument precisely (C-7, C-8) and
+then delegates to the engine (``wal.TasksWal``, ``deadstore.DeadTaskStore``),
+which assumes valid input (one exception: ``remove_task`` leaves the check of
+a ``str`` id to the WAL, which needs it only when the id is not pending, since
+a pending id was checked when it was added). Storage is opaque bytes:
+serializing task arguments belongs to the queue layer.
+
+Group commit: ``add_task``/``remove_task`` with ``sync=False``, then
+``written_ticket`` and ``sync_through`` (C-12..C-15, W-20..W-24) let async
+callers wait for durability in a worker thread, sharing fsyncs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from types import TracebackType
+
+from deferq._core.errors import LimitExceededError
+from deferq._core.format import check_task_id
+from deferq._core.limits import (
+    CONTEXT_BYTES_MAX,
+    DEFAULT_FSYNC_FREQUENCY_S,
+    DEFAULT_PATH,
+    DEFAULT_PREFIX,
+    DIR_MODE,
+    TASK_CLASS_BYTES_MAX,
+)
+from deferq._core.types import DeadTask, PendingTask
+from deferq._engine.deadstore import DeadTaskStore, ancestors
+from deferq._engine.env import Cancel, Env
+from deferq._engine.osenv import OS_ENV
+from deferq._engine.wal import TasksWal
+from deferq.backends._arguments import check_context, check_count, check_publish_at
+from deferq.backends._deadtask import dead_task_for
+from deferq.backends._options import check_fsync_frequency, check_path, check_prefix
+
+__all__ = ["Disk"]
+
+
+class Disk:
+    """Durable storage in a directory: this worker's tasks WAL and the shared dead-task store.
+
+    Args:
+        path: the storage directory, created with its parents (default ``storage``).
+        prefix: the file-name prefix; ``-`` is appended when missing (default ``deferred-``).
+        fsync_frequency: seconds between WAL fsyncs; 0 fsyncs every add and remove.
+        env: the I/O seam; the real operating system by default.
+
+    Guarantees: D-1..D-12 of spec/durability.md.
+    """
+
+    # The engine classes. Tests substitute deliberately broken subclasses here (the
+    # mutant catalogue under tests/) to prove the crash suites catch them; nothing in
+    # deferq changes these.
+    _wal_class: type[TasksWal] = TasksWal
+    _dead_class: type[DeadTaskStore] = DeadTaskStore
+
+    def __init__(
+        self,
+        *,
+        path: str | os.PathLike[str] = DEFAULT_PATH,
+        prefix: str = DEFAULT_PREFIX,
+        fsync_frequency: float = DEFAULT_FSYNC_FREQUENCY_S,
+        env: Env | None = None,
+    ) -> None:
+        self.path = check_path(path)
+        self.prefix = check_prefix(prefix)
+        self.fsync_frequency = check_fsync_frequency(fsync_frequency)
+        self._env: Env = OS_ENV if env is None else env
+        self._env.makedirs(self.path, DIR_MODE)
+        # Implements D-6: the storage directory's name, and those of any parents makedirs
+        # may have just created, are durable before any record is.
+        for directory in ancestors(self.path):
+            self._env.fsync_dir(directory)
+        self._wal = self._wal_class(self._env, self.path, self.prefix, self.fsync_frequency)
+        try:
+            self._dead = self._dead_class(self._env, self.path, self.prefix)
+        except BaseException:
+            self._wal.close()
+            raise
+        self._ticker: Cancel | None = None
+        if self.fsync_frequency > 0:
+            self._ticker = self._env.call_every(self.fsync_frequency, self._wal.tick)
+
+    @property
+    def group_commit(self) -> bool:
+        """True when ``fsync_frequency`` is 0: every synced write waits for its own fsync."""
+        return self.fsync_frequency == 0
+
+    # --- tasks WAL
+    def add_task(self, context: bytes, publish_at: int | None = None,
+                 task_id: str | None = None, *, sync: bool = True) -> str:
+        """Append a pending task to this worker's WAL and return its id (W-6, D-1, D-2).
+
+        ``sync=False`` never waits for an fsync (C-12): pair it with ``written_ticket``
+        and ``sync_through`` to learn when the task is durable (C-13, C-14).
+        """
+        # The common case first (plain bytes within the limit, no time, no id): this is
+        # the hot path of every enqueue, so it avoids the general checks' calls.
+        if type(context) is bytes and len(context) <= CONTEXT_BYTES_MAX:
+            data = context
+        else:
+            data = check_context(context)
+        when = None if publish_at is None else check_publish_at(publish_at)
+        tid = None if task_id is None else check_task_id(task_id)
+        if sync is not True and sync is not False:
+            raise ValueError(f"sync must be a bool, not {type(sync).__name__}")
+        return self._wal.add(data, when, tid, sync)
+
+    def remove_task(self, task_id: str, *, sync: bool = True) -> None:
+        """Record that a task is done (W-6); ``sync=False`` as for ``add_task`` (C-12)."""
+        if sync is not True and sync is not False:
+            raise ValueError(f"sync must be a bool, not {type(sync).__name__}")
+        # The WAL checks the id in full unless it is pending (then it is valid, C-7).
+        self._wal.remove(task_id if type(task_id) is str else check_task_id(task_id), sync)
+
+    def written_ticket(self) -> int:
+        """The ticket of the last record written to this worker's WAL (C-13, W-20).
+
+        Every record this thread wrote before the call has a ticket at most this one.
+        """
+        return self._wal.written_ticket()
+
+    def sync_through(self, ticket: int) -> None:
+        """Block until every WAL record up to ``ticket`` is durable (C-14, W-21, W-22).
+
+        Concurrent callers share fsyncs (group commit). Raises ``ValueError`` for a
+        ticket that is not an int >= 0 or was never issued, and ``StorageBrokenError``
+        when the fsync that had to cover the ticket failed.
+        """
+        if isinstance(ticket, bool) or not isinstance(ticket, int) or ticket < 0:
+            raise ValueError(f"ticket must be an int >= 0 from written_ticket(), got {ticket!r}")
+        self._wal.sync_through(ticket)
+
+    def pending_tasks(self) -> list[PendingTask]:
+        """Every task pending in this worker's WAL, recovered ones included (W-7)."""
+        return self._wal.pending()
+
+    def sync(self) -> None:
+        """fsync the tasks WAL now if it has unsynced changes (W-8, D-2)."""
+        self._wal.sync()
+
+    def tick(self) -> None:
+        """Run time-driven work that is due (the periodic fsync). Tests call it directly."""
+        self._wal.tick()
+
+    # --- dead-task store
+    def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
+                      task_class: str, attempts: int) -> str:
+        """Durably record a task that gave up; return its id (S-4, D-7)."""
+        tid = check_task_id(task_id)
+        data = check_context(context)
+        if not isinstance(exception, BaseException):
+            raise ValueError(f"exception must be an exception instance, not "
+                             f"{type(exception).__name__}")
+        if not isinstance(task_class, str) or not task_class:
+            raise ValueError(f"task_class must be a non-empty str, got {task_class!r}")
+        if len(task_class.encode("utf-8", "surrogatepass")) > TASK_CLASS_BYTES_MAX:
+            raise LimitExceededError(f"task_class must be at most {TASK_CLASS_BYTES_MAX} bytes")
+        count = check_count("attempts", attempts, allow_none=False)
+        assert count is not None
+        task = dead_task_for(tid, data, exception, task_class, count, int(self._env.time()))
+        return self._dead.add(task)
+
+    def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
+        """Dead tasks newest first; ``offset`` skips, ``limit`` caps (S-6)."""
+        lim = check_count("limit", limit, allow_none=True)
+        off = check_count("offset", offset, allow_none=False)
+        assert off is not None
+        return self._dead.list_tasks(lim, off)
+
+    def find_dead_task(self, task_id: str) -> DeadTask | None:
+        """The dead task with this id, or None (S-6)."""
+        return self._dead.find(check_task_id(task_id))
+
+    def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
+        """Remove dead tasks by id; return how many distinct ids were found (S-5, D-9)."""
+        if ids is None:
+            wanted: set[str] = set()
+        elif isinstance(ids, str):
+            wanted = {check_task_id(ids, argument="id")}
+        elif isinstance(ids, Iterable):
+            wanted = {check_task_id(i, argument="id") for i in ids}
+        else:
+            raise ValueError(f"ids must be a task id, an iterable of task ids or None, not "
+                             f"{type(ids).__name__}")
+        return self._dead.remove(wanted)
+
+    # --- lifecycle
+    def close(self) -> None:
+        """Stop the fsync timer, fsync the WAL and release every lock and file (C-9)."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+        try:
+            self._wal.close()
+        finally:
+            self._dead.close()
+
+    def __enter__(self) -> Disk:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Disk(path={self.path!r}, prefix={self.prefix!r}, "
+                f"fsync_frequency={self.fsync_frequency!r})")
