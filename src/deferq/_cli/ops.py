@@ -26,19 +26,24 @@ import os
 import sys
 from collections.abc import Iterable
 
+from deferq._core.format import check_task_id, is_wal_file_name
+from deferq._core.limits import DEFAULT_PATH, DEFAULT_PREFIX
+from deferq._core.types import DeadTask
 from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.env import OpenFlag
-from deferq._core.format import check_task_id, is_wal_file_name
 from deferq._engine.io import records_end
-from deferq._core.limits import DEFAULT_PATH, DEFAULT_PREFIX
-from deferq._runtime.operator import Operator, dead_stats
-from deferq._engine.scan import scan_pending
-from deferq.backends._options import check_path, check_prefix
 from deferq._engine.osenv import OS_ENV
-from deferq._runtime.serialize import JSON_CODEC, ContextCodec, ContextError, decode_context
-from deferq._core.types import DeadTask
+from deferq._engine.scan import scan_pending
 from deferq._engine.verify import verify_directory
+from deferq._runtime.operator import Operator, dead_stats
+from deferq._runtime.serialize import (
+    JSON_CODEC,
+    ContextCodec,
+    ContextError,
+    decode_context,
+)
 from deferq.backends import Disk
+from deferq.backends._options import check_path, check_prefix
 
 NOT_FOUND_STATUS = 3
 

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from deferq._core.limits import DEFAULT_FSYNC_FREQUENCY_S, DEFAULT_PATH, DEFAULT_PREFIX
-from deferq.backends._options import check_fsync_frequency, check_path, check_prefix
 from deferq.backends import Disk, Nil
+from deferq.backends._options import check_fsync_frequency, check_path, check_prefix
 
 _SUPPORTED_OPTIONS = ("path", "prefix", "fsync_frequency")
 

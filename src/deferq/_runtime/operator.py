@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from deferq._runtime.serialize import JSON_CODEC, ContextCodec, ContextError
 from deferq._core.types import DeadTask
+from deferq._runtime.serialize import JSON_CODEC, ContextCodec, ContextError
 from deferq.backends.protocol import Backend, DeadTaskAdmin
 
 

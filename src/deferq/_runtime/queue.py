@@ -42,15 +42,22 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from deferq._runtime.committer import Committer
-from deferq._runtime.operator import Operator, Retried
-from deferq._runtime.serialize import JSON_CODEC, Context, ContextCodec, ContextError
+from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.backpressure import BACKPRESSURE_SLEEP_S, Backpressure
 from deferq._runtime.clock import Clock, SystemClock
+from deferq._runtime.committer import Committer
 from deferq._runtime.errors import PushTimeout, UnloadableTaskError
+from deferq._runtime.operator import Operator, Retried
+from deferq._runtime.serialize import JSON_CODEC, Context, ContextCodec, ContextError
+from deferq._runtime.task import (
+    REGISTRY,
+    Task,
+    TaskRegistry,
+    default_backoff,
+    next_retry_in,
+    task_class_of,
+)
 from deferq.backends.protocol import Backend
-from deferq._runtime.task import REGISTRY, Task, TaskRegistry, default_backoff, next_retry_in, task_class_of
-from deferq._core.types import DeadTask, PendingTask
 
 log = logging.getLogger("deferq.queue")
 

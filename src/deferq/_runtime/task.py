@@ -26,7 +26,16 @@ import math
 import random
 import types
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, ClassVar, Final, Generic, ParamSpec, TypeVar, cast, overload
+from typing import (
+    TYPE_CHECKING,
+    ClassVar,
+    Final,
+    Generic,
+    ParamSpec,
+    TypeVar,
+    cast,
+    overload,
+)
 
 log = logging.getLogger("deferq.queue")
 
