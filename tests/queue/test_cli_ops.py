@@ -1,6 +1,6 @@
 """The operator API and the ``deferq dead|pending|stats`` commands on a real storage directory.
 
-Goal: Q-12..Q-16: retry is add + fsync before removal, with new ids and
+Goal: Q-12..Q-15, Q-24, Q-25: retry is add + fsync before removal, with new ids and
 attempts reset; bulk actions touch only what the filters select and say how
 many; ``--dry-run`` changes nothing; ``pending list`` reads WAL files without
 claiming them, even while a live ``Disk`` holds its file. Method: build the
@@ -58,7 +58,7 @@ def cli(capsys: pytest.CaptureFixture[str], storage: Path, *args: str) -> tuple[
     return status, out, err
 
 
-@pytest.mark.spec("Q-16", "Q-13")
+@pytest.mark.spec("Q-24", "Q-13")
 def test_dead_list_text_json_paging_and_filters(storage: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     ids = build(storage)
@@ -80,7 +80,7 @@ def test_dead_list_text_json_paging_and_filters(storage: Path,
     assert out.strip() == "0 dead task(s)"
 
 
-@pytest.mark.spec("Q-16")
+@pytest.mark.spec("Q-24")
 def test_dead_show(storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ids = build(storage)
     status, out, _ = cli(capsys, storage, "dead", "show", ids[1])
@@ -91,7 +91,7 @@ def test_dead_show(storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 3 and "no dead task" in err
 
 
-@pytest.mark.spec("Q-16", "Q-13")
+@pytest.mark.spec("Q-24", "Q-13")
 def test_dead_remove_by_id_and_by_filter_with_dry_run(storage: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     ids = build(storage)
@@ -113,7 +113,7 @@ def test_dead_remove_by_id_and_by_filter_with_dry_run(storage: Path,
         assert disk.list_dead_tasks() == []
 
 
-@pytest.mark.spec("Q-16", "Q-12", "Q-13")
+@pytest.mark.spec("Q-24", "Q-12", "Q-13")
 def test_dead_retry_all_with_filter(storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ids = build(storage)
     status, out, _ = cli(capsys, storage, "dead", "retry", "--all", "--exception-class",
@@ -133,7 +133,7 @@ def test_dead_retry_all_with_filter(storage: Path, capsys: pytest.CaptureFixture
         assert [t.id for t in disk.list_dead_tasks()] == [ids[2], ids[0]]
 
 
-@pytest.mark.spec("Q-14", "Q-16")
+@pytest.mark.spec("Q-14", "Q-24")
 def test_pending_list_reads_a_live_workers_wal_without_claiming_it(
         storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
     build(storage)
@@ -155,7 +155,7 @@ def test_pending_list_reads_a_live_workers_wal_without_claiming_it(
         assert task_id not in {t.task_id for t in live.pending_tasks()}
 
 
-@pytest.mark.spec("Q-16")
+@pytest.mark.spec("Q-24")
 def test_stats_and_missing_storage(storage: Path, capsys: pytest.CaptureFixture[str],
                                    tmp_path: Path) -> None:
     build(storage)
@@ -167,7 +167,7 @@ def test_stats_and_missing_storage(storage: Path, capsys: pytest.CaptureFixture[
     missing = tmp_path / "nowhere"
     for command in (["dead", "list"], ["stats"], ["pending", "list"], ["dead", "retry", "--all"]):
         status, _, err = cli(capsys, missing, *command)
-        assert status == 1 and "No such file" in err
+        assert status == 5 and "no storage directory" in err
     assert not missing.exists()
 
 

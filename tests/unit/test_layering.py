@@ -162,7 +162,7 @@ def test_only_the_os_adapter_and_the_front_ends_import_os() -> None:
     # The OS adapter, option checks (os.PathLike), the CLI front ends and the tools (which
     # drive real processes, mounts and ioctls, or show files) are around the engine.
     allowed = {ENGINE_OS_ADAPTER, "deferq.backends._options", "deferq.backends.disk",
-               "deferq._cli.ops"}
+               "deferq._cli.ops", "deferq._cli.store"}
     for module in MODULES:
         if layer_of(module) in TOOLS:
             continue

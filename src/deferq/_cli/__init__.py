@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from deferq._cli import crash, demos, ops, power
+from deferq._cli.store import CommandError
 from deferq._core.errors import DeferqError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -33,9 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(dead, pending, verify, stats) and the crash suites (crash-test, power-test).")
     # Global storage options; the operator subcommands accept them after their name too.
     parser.add_argument("--path", default=argparse.SUPPRESS,
-                        help="storage directory (default storage)")
+                        help="storage directory (default: $DEFERQ_PATH, else storage)")
     parser.add_argument("--prefix", default=argparse.SUPPRESS,
-                        help="file name prefix (default deferred-)")
+                        help="file name prefix (default: $DEFERQ_PREFIX, else deferred-)")
     sub = parser.add_subparsers(dest="command", required=True)
     for register in (demos.register, ops.register, crash.register, power.register):
         register(sub)
@@ -47,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
+    except CommandError as exc:
+        print(f"deferq: error: {exc}", file=sys.stderr)
+        return exc.status
     except (DeferqError, OSError, ValueError) as exc:
         print(f"deferq: error: {exc}", file=sys.stderr)
         return 1

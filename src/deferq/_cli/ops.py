@@ -1,9 +1,12 @@
 """Operator subcommands of ``deferq``: ``dead list|show|retry|remove``, ``pending list``, ``stats``.
 
-Rules (spec/queue.md Q-12..Q-16):
-- Every subcommand takes ``--path`` (default ``storage``) and ``--prefix``
-  (default ``deferred-``) itself, because the top-level parser is shared.
-- The storage directory must exist; the CLI never creates one by mistake.
+Rules (spec/queue.md Q-12..Q-15, Q-17, Q-24, Q-25):
+- Every subcommand takes ``--path`` and ``--prefix`` itself, because the top-level
+  parser is shared; their defaults come from ``DEFERQ_PATH`` and ``DEFERQ_PREFIX``,
+  else ``storage`` and ``deferred-`` (Q-24).
+- The directory must hold a store of that prefix, or the command fails with status 5
+  and names the prefixes it does hold (Q-25): it never creates a store, and a typo
+  never reads as an empty one (``_cli.store``).
 - ``dead list/show/remove`` and ``stats`` open only the dead-task store (its
   lock, bounded waits): they create no WAL file and work while workers run.
 - ``dead retry`` opens a ``Disk`` (a WAL of its own, fsync on every add), adds
@@ -14,7 +17,8 @@ Rules (spec/queue.md Q-12..Q-16):
   worker holds its file's lock), so it shows what is on disk now.
 - Bulk actions (``--all``) act only on what the filters select and print how
   many tasks they touched; ``--dry-run`` prints the selection and changes
-  nothing. Exit status: 0 done, 1 error, 2 usage, 3 some ids not found.
+  nothing. Exit status: 0 done, 1 error, 2 usage, 3 some ids not found, 4 damage found
+  (verify), 5 no store of that prefix there.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import sys
 from collections.abc import Iterable
 
+from deferq._cli.store import PATH_VARIABLE, PREFIX_VARIABLE, require_store, storage_of
 from deferq._core.format import check_task_id, is_wal_file_name
 from deferq._core.limits import DEFAULT_PATH, DEFAULT_PREFIX
 from deferq._core.types import DeadTask
@@ -43,7 +48,6 @@ from deferq._runtime.serialize import (
     decode_context,
 )
 from deferq.backends import Disk
-from deferq.backends._options import check_path, check_prefix
 
 NOT_FOUND_STATUS = 3
 
@@ -52,7 +56,6 @@ class DeadStoreView:
     """The dead-task half of a backend, without opening a WAL."""
 
     def __init__(self, path: str, prefix: str) -> None:
-        OS_ENV.listdir(path)  # FileNotFoundError if there is no storage here
         self._store = DeadTaskStore(OS_ENV, path, prefix)
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
@@ -86,8 +89,10 @@ def file_size_text(path: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{records:>7} bytes (+{size - records} reserved)"
 
 def _storage(args: argparse.Namespace) -> tuple[str, str]:
-    return (check_path(getattr(args, "path", DEFAULT_PATH)),
-            check_prefix(getattr(args, "prefix", DEFAULT_PREFIX)))
+    """The command's (path, prefix), once it is known to hold a store of that prefix (Q-25)."""
+    path, prefix = storage_of(args)
+    require_store(path, prefix)
+    return path, prefix
 
 
 def _when(epoch: int) -> str:
@@ -289,9 +294,10 @@ def _storage_options() -> argparse.ArgumentParser:
     # list``, added by _cli.build_parser); a default here would overwrite that value.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--path", default=argparse.SUPPRESS,
-                        help=f"storage directory (default {DEFAULT_PATH})")
+                        help=f"storage directory (default: ${PATH_VARIABLE}, else {DEFAULT_PATH})")
     common.add_argument("--prefix", default=argparse.SUPPRESS,
-                        help=f"file name prefix (default {DEFAULT_PREFIX})")
+                        help=f"file name prefix (default: ${PREFIX_VARIABLE}, else "
+                             f"{DEFAULT_PREFIX})")
     return common
 
 
