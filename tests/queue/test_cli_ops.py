@@ -12,6 +12,7 @@ with a fresh ``Disk``. The cross-process run is in test_processes.py.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -65,13 +66,18 @@ def test_dead_list_text_json_paging_and_filters(storage: Path,
     status, out, _ = cli(capsys, storage, "dead", "list")
     assert status == 0
     lines = out.splitlines()
-    assert [line.split()[0] for line in lines[:-1]] == ids[::-1]
-    assert "app.Mail" in lines[0] and "tests.queue.test_cli_ops.MailError: quota" in lines[0]
+    assert lines[0].split() == ["ID", "TASK", "CLASS", "ATTEMPTS", "FAILED", "AT", "EXCEPTION"]
+    assert [line.split()[0] for line in lines[1:-1]] == ids[::-1]
+    assert "app.Mail" in lines[1] and "tests.queue.test_cli_ops.MailError: quota" in lines[1]
+    # aligned columns, times in UTC ISO-8601.
+    assert len({line.index("app.") for line in lines[1:-1]}) == 1
+    assert re.search(r"  \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  ", lines[1])
     assert lines[-1] == "3 dead task(s)"
     status, out, _ = cli(capsys, storage, "dead", "list", "--json", "--limit", "1", "--offset", "1")
     [record] = json.loads(out)
-    assert record["id"] == ids[1] and record["context"] == {
-        "task": "app.Sms", "args": [1], "kwargs": {"to": "u1"}, "attempts": 21}
+    assert record["id"] == ids[1] and record["context"]["encoding"] == "json"
+    assert record["context"]["json"] == {
+        "v": 1, "task": "app.Sms", "args": [1], "kwargs": {"to": "u1"}, "attempts": 21}
     assert record["backtrace"] and record["backtrace"][-1].endswith("in _fail")
     status, out, _ = cli(capsys, storage, "dead", "list", "--json", "--task-class", "app.Mail",
                          "--exception-class", "tests.queue.test_cli_ops.MailError")
@@ -145,8 +151,8 @@ def test_pending_list_reads_a_live_workers_wal_without_claiming_it(
         assert status == 0
         rows = json.loads(out)
         assert {r["id"] for r in rows} >= {task_id}
-        assert {r["context"]["task"] for r in rows} == {"app.Mail", "app.Report"}
-        report = [r for r in rows if r["context"]["task"] == "app.Report"][0]
+        assert {r["context"]["json"]["task"] for r in rows} == {"app.Mail", "app.Report"}
+        report = [r for r in rows if r["context"]["json"]["task"] == "app.Report"][0]
         assert report["publish_at"] == 2_000_000_000
         status, out, _ = cli(capsys, storage, "pending", "list")
         assert out.splitlines()[-1] == "2 pending task(s) in 1 WAL file(s)"

@@ -124,7 +124,7 @@ def test_cli_in_another_process_finds_and_retries_a_dead_task(storage: Path) -> 
     assert record["id"] == task_id and record["task_class"] == "app.Doomed"
     assert record["exception_class"] == "RuntimeError"
     assert record["exception_message"] == "card declined for order 42"
-    assert record["context"]["args"] == [42] and record["attempts"] == 1
+    assert record["context"]["json"]["args"] == [42] and record["attempts"] == 1
     shown = _deferq("dead", "show", task_id, "--path", str(storage))
     assert shown.returncode == 0 and "card declined" in shown.stdout
     retried = _deferq("dead", "retry", task_id, "--path", str(storage))
@@ -134,7 +134,7 @@ def test_cli_in_another_process_finds_and_retries_a_dead_task(storage: Path) -> 
     assert new_id != task_id
     pending = _deferq("pending", "list", "--json", "--path", str(storage))
     [row] = json.loads(pending.stdout)
-    assert row["id"] == new_id and row["context"]["attempts"] == 0
+    assert row["id"] == new_id and row["context"]["json"]["attempts"] == 0
     assert json.loads(_deferq("dead", "list", "--json", "--path", str(storage)).stdout) == []
 
 

@@ -60,8 +60,9 @@ def test_verify_counts_each_kind_of_damage_and_exits_four(
     before = files(storage)
     assert main(["verify", "--path", str(storage), "--json"]) == 4
     out = capsys.readouterr().out
-    report = json.loads(out[: out.rindex("]") + 1])
-    by_kind = {r["kind"]: r for r in report}
+    document = json.loads(out)  # one document, the summary inside it
+    assert document["summary"] == {"files": 2, "records": 4, "damaged_files": 2}
+    by_kind = {r["kind"]: r for r in document["files"]}
     assert by_kind["wal"]["faults"] == {"R-@B": 1, "R-@C": 1, "R-@F": 1}
     assert by_kind["wal"]["torn_tail_bytes"] == 4
     assert by_kind["wal"]["records"] == 3
@@ -69,7 +70,8 @@ def test_verify_counts_each_kind_of_damage_and_exits_four(
     assert by_kind["wal"]["reserved_bytes"] == wal_file.stat().st_size - wal_size(wal_file) > 0
     assert by_kind["dead"]["reserved_bytes"] == 0
     assert by_kind["dead"]["faults"] == {"R-@G": 1} and by_kind["dead"]["records"] == 1
-    assert out.splitlines()[-1] == "verify: files=2 records=4 damaged_files=2"
+    assert main(["verify", "--path", str(storage)]) == 4
+    assert capsys.readouterr().out.splitlines()[-1] == "verify: files=2 records=4 damaged_files=2"
     assert files(storage) == before
 
 

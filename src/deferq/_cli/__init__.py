@@ -9,17 +9,21 @@ suites against the installed engine.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
+from deferq import __version__
 from deferq._cli import crash, demos, ops, power
+from deferq._cli.output import print_json, safe
+from deferq._cli.parser import Parser
 from deferq._cli.store import CommandError
 from deferq._core.errors import DeferqError
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     """The ``deferq`` argument parser. Each area registers its own subcommands.
 
     Area modules (``ops``: operator commands; ``demos``: the two demos; ``crash``: the
@@ -29,31 +33,59 @@ def build_parser() -> argparse.ArgumentParser:
     the simulator and the power harness are imported by their handlers, so an operator
     command never loads them.
     """
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="deferq", description="deferq: durable deferred tasks. Demos, operator tools "
-        "(dead, pending, verify, stats) and the crash suites (crash-test, power-test).")
+        "(dead, pending, verify, stats) and the crash suites (crash-test, power-test).",
+        epilog=ops.EXIT_STATUSES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"deferq {__version__}",
+                        help="print deferq's version and exit")
     # Global storage options; the operator subcommands accept them after their name too.
     parser.add_argument("--path", default=argparse.SUPPRESS,
                         help="storage directory (default: $DEFERQ_PATH, else storage)")
     parser.add_argument("--prefix", default=argparse.SUPPRESS,
                         help="file name prefix (default: $DEFERQ_PREFIX, else deferred-)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in (demos.register, ops.register, crash.register, power.register):
         register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; return its exit status (``ops.EXIT_STATUSES``).
+
+    Every failure is one line on standard error, ``deferq: error: ...``, and with ``--json``
+    also the one JSON document on standard output (Q-26). A reader that closes the pipe
+    early (``deferq dead list | head -1``) ends the command quietly.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except CommandError as exc:
+        return _failed(argparse.Namespace(json="--json" in argv), str(exc), exc.status)
     handler: Handler = args.handler
     try:
-        return handler(args)
-    except CommandError as exc:
-        print(f"deferq: error: {exc}", file=sys.stderr)
-        return exc.status
-    except (DeferqError, OSError, ValueError) as exc:
-        print(f"deferq: error: {exc}", file=sys.stderr)
+        try:
+            return handler(args)
+        except CommandError as exc:
+            return _failed(args, str(exc), exc.status)
+        except (DeferqError, OSError, ValueError) as exc:
+            if isinstance(exc, BrokenPipeError):
+                raise
+            return _failed(args, str(exc), 1)
+    except BrokenPipeError:
+        # The reader is gone: nothing more can be said to it. Point stdout at /dev/null so
+        # that the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         return 1
+
+
+def _failed(args: argparse.Namespace, message: str, status: int) -> int:
+    print(f"deferq: error: {safe(message)}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print_json({"error": message, "status": status})
+    return status
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Final
 
+from deferq._cli.parser import Subcommands
+
 # The names of deferq.crashtest._explore.MODELS and BOUNDS, and crashtest.cli's exit status
 # for an incomplete run: repeated here so that parsing never loads the simulator (a test
 # compares them).
@@ -28,7 +30,7 @@ INCOMPLETE line; 2 usage.
 """
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subcommands) -> None:
     parser = sub.add_parser(
         "crash-test", help="crash-test the storage engine on a simulated disk",
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from deferq._cli.parser import Subcommands
 from deferq.backends._options import check_path
 
 
@@ -21,7 +22,7 @@ def _queue_demo(args: argparse.Namespace) -> int:
     return queue_demo(check_path(args.path))
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subcommands) -> None:
     demo = sub.add_parser("demo", help="run the storage demo")
     demo.add_argument("--path", default="deferq-demo-storage",
                       help="storage directory (created; default %(default)s)")

@@ -1,78 +1,61 @@
-"""Operator subcommands of ``deferq``: ``dead list|show|retry|remove``, ``pending list``, ``stats``.
+"""Operator subcommands of ``deferq``: ``dead ...`` (``_cli.dead``), ``pending list``, ``stats``
+and ``verify``, and their arguments (spec/queue.md Q-12..Q-15, Q-17, Q-24..Q-28).
 
-Rules (spec/queue.md Q-12..Q-15, Q-17, Q-24, Q-25):
+Rules:
 - Every subcommand takes ``--path`` and ``--prefix`` itself, because the top-level
   parser is shared; their defaults come from ``DEFERQ_PATH`` and ``DEFERQ_PREFIX``,
   else ``storage`` and ``deferred-`` (Q-24).
 - The directory must hold a store of that prefix, or the command fails with status 5
   and names the prefixes it does hold (Q-25): it never creates a store, and a typo
   never reads as an empty one (``_cli.store``).
-- ``dead list/show/remove`` and ``stats`` open only the dead-task store (its
-  lock, bounded waits): they create no WAL file and work while workers run.
-- ``dead retry`` opens a ``Disk`` (a WAL of its own, fsync on every add), adds
-  each task under a new id, fsyncs, and only then removes the dead records;
-  the retried tasks run at the next start of a worker (a running worker does
-  not adopt another process's WAL file).
-- ``pending list`` scans WAL files read-only without claiming them (a live
-  worker holds its file's lock), so it shows what is on disk now.
-- Bulk actions (``--all``) act only on what the filters select and print how
-  many tasks they touched; ``--dry-run`` prints the selection and changes
-  nothing. Exit status: 0 done, 1 error, 2 usage, 3 some ids not found, 4 damage found
-  (verify), 5 no store of that prefix there.
+- ``pending list`` scans WAL files read-only without claiming them (a live worker holds
+  its file's lock), so it shows what is on disk now; ``stats`` adds the dead tasks.
+- ``--json`` prints exactly one JSON document (Q-26); text for people is escaped and
+  aligned (Q-28, ``_cli.output``). Exit statuses: ``EXIT_STATUSES``.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import sys
-from collections.abc import Iterable
+from typing import Final
 
+from deferq._cli.dead import (
+    DeadStoreView,
+    dead_list,
+    dead_remove,
+    dead_retry,
+    dead_show,
+)
+from deferq._cli.output import (
+    context_json,
+    context_summary,
+    print_json,
+    safe,
+    table,
+    when,
+)
+from deferq._cli.parser import Parser, Subcommands
+from deferq._cli.progress import Progress
 from deferq._cli.store import PATH_VARIABLE, PREFIX_VARIABLE, require_store, storage_of
-from deferq._core.format import check_task_id, is_wal_file_name
+from deferq._core.format import is_wal_file_name
 from deferq._core.limits import DEFAULT_PATH, DEFAULT_PREFIX
-from deferq._core.types import DeadTask
-from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.env import OpenFlag
 from deferq._engine.io import records_end
 from deferq._engine.osenv import OS_ENV
 from deferq._engine.scan import scan_pending
 from deferq._engine.verify import verify_directory
 from deferq._runtime.operator import Operator, dead_stats
-from deferq._runtime.serialize import (
-    JSON_CODEC,
-    ContextCodec,
-    ContextError,
-    decode_context,
-)
-from deferq.backends import Disk
 
-NOT_FOUND_STATUS = 3
-
-
-class DeadStoreView:
-    """The dead-task half of a backend, without opening a WAL."""
-
-    def __init__(self, path: str, prefix: str) -> None:
-        self._store = DeadTaskStore(OS_ENV, path, prefix)
-
-    def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
-        return self._store.list_tasks(limit, offset)
-
-    def find_dead_task(self, task_id: str) -> DeadTask | None:
-        return self._store.find(check_task_id(task_id))
-
-    def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
-        if ids is None:
-            return 0
-        wanted = [ids] if isinstance(ids, str) else list(ids)
-        return self._store.remove({check_task_id(i, argument="id") for i in wanted})
-
-    def close(self) -> None:
-        self._store.close()
-
+EXIT_DAMAGED: Final = 4
+EXIT_STATUSES: Final = """\
+exit status:
+  0  done
+  1  an error (the message says which)
+  2  a usage error
+  3  some id asked for was not found
+  4  verify found damage
+  5  no store of that prefix in that directory (nothing was created)"""
 
 
 def file_size_text(path: str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -95,172 +78,22 @@ def _storage(args: argparse.Namespace) -> tuple[str, str]:
     return path, prefix
 
 
-def _when(epoch: int) -> str:
-    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
-
-
-def _context_view(context: bytes) -> object:
-    try:
-        decoded = decode_context(context)
-    except ContextError:
-        return context.decode("utf-8", "backslashreplace")
-    return {"task": decoded.task, "args": list(decoded.args), "kwargs": decoded.kwargs,
-            "attempts": decoded.attempts}
-
-
-def _dead_json(task: DeadTask) -> dict[str, object]:
-    return {"id": task.id, "task_class": task.task_class, "attempts": task.attempts,
-            "enqueued_at": task.enqueued_at, "failed_at": task.failed_at,
-            "exception_class": task.exception_class, "exception_message": task.exception_message,
-            "backtrace": list(task.backtrace), "context": _context_view(task.context)}
-
-
-def _one_line(text: str, width: int = 80) -> str:
-    first = text.splitlines()[0] if text else ""
-    return first if len(first) <= width else first[: width - 3] + "..."
-
-
-def _print_dead_line(task: DeadTask) -> None:
-    print(f"{task.id}  {task.task_class}  attempts={task.attempts}  failed={_when(task.failed_at)}"
-          f"  {task.exception_class}: {_one_line(task.exception_message)}")
-
-
-def _with_view(args: argparse.Namespace) -> tuple[DeadStoreView, Operator]:
-    view = DeadStoreView(*_storage(args))
-    return view, Operator(view)
-
-
-def dead_list(args: argparse.Namespace) -> int:
-    view, operator = _with_view(args)
-    try:
-        tasks = operator.list_dead(limit=args.limit, offset=args.offset,
-                                   task_class=args.task_class,
-                                   exception_class=args.exception_class)
-    finally:
-        view.close()
-    if args.json:
-        print(json.dumps([_dead_json(t) for t in tasks], indent=2, ensure_ascii=False))
-    else:
-        for task in tasks:
-            _print_dead_line(task)
-        print(f"{len(tasks)} dead task(s)")
-    return 0
-
-
-def dead_show(args: argparse.Namespace) -> int:
-    view, operator = _with_view(args)
-    try:
-        task = operator.find_dead(args.id)
-    finally:
-        view.close()
-    if task is None:
-        print(f"deferq: no dead task with id {args.id!r}", file=sys.stderr)
-        return NOT_FOUND_STATUS
-    if args.json:
-        print(json.dumps(_dead_json(task), indent=2, ensure_ascii=False))
-        return 0
-    print(f"id:          {task.id}\ntask class:  {task.task_class}\nattempts:    {task.attempts}\n"
-          f"enqueued at: {_when(task.enqueued_at)}\nfailed at:   {_when(task.failed_at)}\n"
-          f"exception:   {task.exception_class}: {task.exception_message}\n"
-          f"context:     {json.dumps(_context_view(task.context), ensure_ascii=False)}\nbacktrace:")
-    for frame in task.backtrace:
-        print(f"  {frame}")
-    return 0
-
-
-def _select(operator: Operator, args: argparse.Namespace) -> list[str] | None:
-    """The ids a bulk command acts on, or None after a usage error was printed."""
-    if args.all == bool(args.ids):
-        print("deferq: error: give task ids or --all, not both and not neither", file=sys.stderr)
-        return None
-    if args.all:
-        return [t.id for t in operator.list_dead(task_class=args.task_class,
-                                                 exception_class=args.exception_class)]
-    if args.task_class is not None or args.exception_class is not None:
-        print("deferq: error: --task-class and --exception-class select with --all only",
-              file=sys.stderr)
-        return None
-    return list(dict.fromkeys(args.ids))
-
-
-def _dry_run(operator: Operator, ids: list[str], verb: str) -> int:
-    found = [t for t in (operator.find_dead(i) for i in ids) if t is not None]
-    for task in found:
-        _print_dead_line(task)
-    print(f"dry run: would {verb} {len(found)} dead task(s)")
-    return 0 if len(found) == len(ids) else NOT_FOUND_STATUS
-
-
-def _codec(args: argparse.Namespace) -> ContextCodec:
-    """The pickle key comes from an environment variable, never from the command line (Q-19)."""
-    name = getattr(args, "pickle_key_env", None)
-    if name is None:
-        return JSON_CODEC
-    key = os.environ.get(name)
-    if not key:
-        raise ValueError(f"environment variable {name} (--pickle-key-env) is not set")
-    return ContextCodec(pickle_key=key.encode("utf-8"), use_pickle=True)
-
-
-def dead_retry(args: argparse.Namespace) -> int:
-    path, prefix = _storage(args)
-    view = DeadStoreView(path, prefix)
-    try:
-        ids = _select(Operator(view), args)
-        if ids is None:
-            return 2
-        if args.dry_run:
-            return _dry_run(Operator(view), ids, "retry")
-    finally:
-        view.close()
-    if not ids:
-        print("retried 0 dead task(s)")
-        return 0
-    codec = _codec(args)
-    with Disk(path=path, prefix=prefix, fsync_frequency=0) as disk:
-        retried, missing = Operator(disk, disk, codec=codec).retry_dead(ids)
-    for item in retried:
-        print(f"retried {item.old_id} as {item.new_id}")
-    for task_id in missing:
-        print(f"deferq: no dead task with id {task_id!r}", file=sys.stderr)
-    print(f"retried {len(retried)} dead task(s); they run at the next start of a worker")
-    return NOT_FOUND_STATUS if missing else 0
-
-
-def dead_remove(args: argparse.Namespace) -> int:
-    view, operator = _with_view(args)
-    try:
-        ids = _select(operator, args)
-        if ids is None:
-            return 2
-        if args.dry_run:
-            return _dry_run(operator, ids, "remove")
-        removed = operator.remove_dead(ids) if ids else 0
-    finally:
-        view.close()
-    print(f"removed {removed} dead task(s)")
-    return 0 if removed == len(ids) else NOT_FOUND_STATUS
-
-
 def pending_list(args: argparse.Namespace) -> int:
     path, prefix = _storage(args)
     scans = scan_pending(OS_ENV, path, prefix)
+    if args.json:
+        print_json([{"file": scan.name, "id": task.task_id, "publish_at": task.publish_at,
+                     "context": context_json(task.context)}
+                    for scan in scans for task in scan.pending])
+        return 0
     rows = []
     for scan in scans:
         for task in scan.pending:
-            rows.append({"file": scan.name, "id": task.task_id, "publish_at": task.publish_at,
-                         "context": _context_view(task.context)})
-    if args.json:
-        print(json.dumps(rows, indent=2, ensure_ascii=False))
-        return 0
-    for row in rows:
-        context = row["context"]
-        name = context.get("task") if isinstance(context, dict) else "<undecodable>"
-        attempts = context.get("attempts") if isinstance(context, dict) else "?"
-        publish_at = row["publish_at"]
-        when = "now" if not isinstance(publish_at, int) else _when(publish_at)
-        print(f"{row['id']}  {name}  attempts={attempts}  at={when}  ({row['file']})")
+            name, attempts = context_summary(task.context)
+            runs_at = "now" if task.publish_at is None else when(task.publish_at)
+            rows.append([safe(task.task_id), name, attempts, runs_at, safe(scan.name)])
+    if rows:
+        print("\n".join(table(("ID", "TASK", "ATTEMPTS", "RUNS AT", "WAL FILE"), rows)))
     corrupt = sum(s.corrupt_lines for s in scans)
     print(f"{len(rows)} pending task(s) in {len(scans)} WAL file(s)"
           + (f"; {corrupt} damaged line(s) skipped" if corrupt else ""))
@@ -270,29 +103,70 @@ def pending_list(args: argparse.Namespace) -> int:
 def stats(args: argparse.Namespace) -> int:
     path, prefix = _storage(args)
     scans = scan_pending(OS_ENV, path, prefix)
-    view, operator = _with_view(args)
+    view = DeadStoreView(path, prefix)
     try:
-        dead = operator.list_dead()
+        dead = Operator(view).list_dead()
     finally:
         view.close()
+    counts = dead_stats(dead)
     report: dict[str, object] = {
         "path": path, "prefix": prefix, "wal_files": len(scans),
         "pending_tasks": sum(len(s.pending) for s in scans),
         "wal_damaged_lines": sum(s.corrupt_lines for s in scans),
-        **dead_stats(dead),
+        **counts,
     }
     if args.json:
-        print(json.dumps(report, indent=2, ensure_ascii=False))
-    else:
-        for key, value in report.items():
-            print(f"{key}: {value}")
+        print_json(report)
+        return 0
+    print("\n".join(table(("STORE", ""), [
+        ["path", safe(path)], ["prefix", safe(prefix)], ["WAL files", str(len(scans))],
+        ["pending tasks", str(report["pending_tasks"])],
+        ["damaged WAL lines", str(report["wal_damaged_lines"])],
+        ["dead tasks", str(counts["dead_tasks"])]])))
+    for title, key in (("TASK CLASS", "by_task_class"), ("EXCEPTION CLASS", "by_exception_class")):
+        by = counts[key]
+        assert isinstance(by, dict)
+        if by:
+            print()
+            print("\n".join(table((title, "DEAD TASKS"),
+                                  [[safe(str(name)), str(n)] for name, n in by.items()])))
     return 0
 
 
-def _storage_options() -> argparse.ArgumentParser:
+def verify(args: argparse.Namespace) -> int:
+    """``deferq verify``: report records and damage per file (Q-17)."""
+    path, prefix = _storage(args)
+    progress = Progress("verify: files scanned")
+    try:
+        reports = verify_directory(OS_ENV, path, prefix, on_file=lambda _name: progress.step())
+    finally:
+        progress.close()
+    damaged = [r for r in reports if r.damaged]
+    summary = {"files": len(reports), "records": sum(r.records for r in reports),
+               "damaged_files": len(damaged)}
+    if args.json:
+        print_json({"files": [{"file": r.name, "kind": r.kind, "bytes": r.size_bytes,
+                               "reserved_bytes": r.reserved_bytes, "records": r.records,
+                               "faults": r.faults, "torn_tail_bytes": r.torn_tail_bytes}
+                              for r in reports],
+                    "summary": summary})
+        return EXIT_DAMAGED if damaged else 0
+    for r in reports:
+        faults = ", ".join(f"{label} x{n}" for label, n in sorted(r.faults.items())) or "none"
+        torn = f" (torn tail {r.torn_tail_bytes} bytes)" if r.torn_tail_bytes else ""
+        reserved = f" (+{r.reserved_bytes} reserved)" if r.reserved_bytes else ""
+        print(f"{r.kind:<4} {safe(r.name)}: {r.size_bytes - r.reserved_bytes} bytes{reserved}, "
+              f"{r.records} records, damage: {faults}{torn}")
+    print(f"verify: files={summary['files']} records={summary['records']} "
+          f"damaged_files={summary['damaged_files']}")
+    return EXIT_DAMAGED if damaged else 0
+
+
+def storage_options() -> Parser:
+    """``--path`` and ``--prefix``, for every operator subcommand (Q-24)."""
     # SUPPRESS: the options may also come before the subcommand (``deferq --path P dead
     # list``, added by _cli.build_parser); a default here would overwrite that value.
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--path", default=argparse.SUPPRESS,
                         help=f"storage directory (default: ${PATH_VARIABLE}, else {DEFAULT_PATH})")
     common.add_argument("--prefix", default=argparse.SUPPRESS,
@@ -309,78 +183,75 @@ def _non_negative(text: str) -> int:
 
 
 def _filters(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task-class", help="only dead tasks of this task class (exact)")
-    parser.add_argument("--exception-class", help="only dead tasks of this exception class (exact)")
+    parser.add_argument("--task-class", metavar="CLASS",
+                        help="only dead tasks of this task class (exact match)")
+    parser.add_argument("--exception-class", metavar="CLASS",
+                        help="only dead tasks of this exception class (exact match)")
 
 
-EXIT_DAMAGED = 4
+def _json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print exactly one JSON document (spec/queue.md Q-26)")
 
 
-def verify(args: argparse.Namespace) -> int:
-    """``deferq verify``: report records and damage per file (Q-17)."""
-    path, prefix = _storage(args)
-    reports = verify_directory(OS_ENV, path, prefix)
-    if args.json:
-        print(json.dumps([{"file": r.name, "kind": r.kind, "bytes": r.size_bytes,
-                           "reserved_bytes": r.reserved_bytes,
-                           "records": r.records, "faults": r.faults,
-                           "torn_tail_bytes": r.torn_tail_bytes} for r in reports], indent=2))
-    else:
-        for r in reports:
-            faults = ", ".join(f"{label} x{n}" for label, n in sorted(r.faults.items())) or "none"
-            torn = f" (torn tail {r.torn_tail_bytes} bytes)" if r.torn_tail_bytes else ""
-            reserved = f" (+{r.reserved_bytes} reserved)" if r.reserved_bytes else ""
-            print(f"{r.kind:<4} {r.name}: {r.size_bytes - r.reserved_bytes} bytes{reserved}, "
-                  f"{r.records} records, damage: {faults}{torn}")
-    damaged = [r for r in reports if r.damaged]
-    print(f"verify: files={len(reports)} records={sum(r.records for r in reports)} "
-          f"damaged_files={len(damaged)}")
-    return EXIT_DAMAGED if damaged else 0
+def register(sub: Subcommands) -> None:
+    """Add ``dead``, ``pending``, ``stats`` and ``verify`` to the ``deferq`` command."""
+    common = storage_options()
+    raw = argparse.RawDescriptionHelpFormatter
 
+    def command(parent: Subcommands, name: str,
+                text: str) -> argparse.ArgumentParser:
+        return parent.add_parser(name, parents=[common], help=text, description=text,
+                                 epilog=EXIT_STATUSES, formatter_class=raw)
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``dead``, ``pending`` and ``stats`` to the ``deferq`` command."""
-    common = _storage_options()
-    dead = sub.add_parser("dead", help="inspect, retry and remove dead tasks")
-    dead_sub = dead.add_subparsers(dest="dead_command", required=True)
+    dead = sub.add_parser("dead", help="inspect, retry and remove dead tasks",
+                          epilog=EXIT_STATUSES, formatter_class=raw)
+    dead_sub = dead.add_subparsers(dest="dead_command", required=True, metavar="COMMAND")
 
-    listing = dead_sub.add_parser("list", parents=[common], help="list dead tasks, newest first")
-    listing.add_argument("--limit", type=_non_negative)
-    listing.add_argument("--offset", type=_non_negative, default=0)
+    listing = command(dead_sub, "list", "list dead tasks, newest first")
+    listing.add_argument("--limit", type=_non_negative, metavar="N",
+                         help="show at most N tasks (default: all)")
+    listing.add_argument("--offset", type=_non_negative, default=0, metavar="N",
+                         help="skip the N newest tasks first (default: 0)")
     _filters(listing)
-    listing.add_argument("--json", action="store_true", help="print JSON")
+    _json(listing)
     listing.set_defaults(handler=dead_list)
 
-    show = dead_sub.add_parser("show", parents=[common], help="show one dead task")
-    show.add_argument("id")
-    show.add_argument("--json", action="store_true", help="print JSON")
+    show = command(dead_sub, "show", "show one dead task in full")
+    show.add_argument("id", metavar="ID", help="the dead task's id")
+    _json(show)
     show.set_defaults(handler=dead_show)
 
-    for name, handler, text in (("retry", dead_retry, "put dead tasks back into a WAL"),
-                                ("remove", dead_remove, "delete dead tasks")):
-        bulk = dead_sub.add_parser(name, parents=[common], help=text)
-        bulk.add_argument("ids", nargs="*", metavar="ID")
-        bulk.add_argument("--all", action="store_true", help="every dead task the filters select")
+    for name, handler, text in (
+            ("retry", dead_retry, "put dead tasks back into a WAL, under new ids (they run at "
+                                  "the next start of a worker)"),
+            ("remove", dead_remove, "delete dead tasks")):
+        bulk = command(dead_sub, name, text)
+        bulk.add_argument("ids", nargs="*", metavar="ID", help="the dead tasks' ids")
+        bulk.add_argument("--all", action="store_true",
+                          help="every dead task the filters select (all without filters)")
         _filters(bulk)
-        bulk.add_argument("--dry-run", action="store_true", help="show the selection, change nothing")
+        bulk.add_argument("--dry-run", action="store_true",
+                          help="show the selection, change nothing")
+        _json(bulk)
         if name == "retry":
             bulk.add_argument("--pickle-key-env", metavar="VAR",
                               help="read the HMAC key of pickled contexts from this environment "
                                    "variable (to reset their attempts)")
         bulk.set_defaults(handler=handler)
 
-    pending = sub.add_parser("pending", help="inspect pending tasks in WAL files")
-    pending_sub = pending.add_subparsers(dest="pending_command", required=True)
-    plist = pending_sub.add_parser("list", parents=[common],
-                                   help="list pending tasks (read-only scan of WAL files)")
-    plist.add_argument("--json", action="store_true", help="print JSON")
+    pending = sub.add_parser("pending", help="inspect pending tasks in WAL files",
+                             epilog=EXIT_STATUSES, formatter_class=raw)
+    pending_sub = pending.add_subparsers(dest="pending_command", required=True,
+                                         metavar="COMMAND")
+    plist = command(pending_sub, "list", "list pending tasks (a read-only scan of WAL files)")
+    _json(plist)
     plist.set_defaults(handler=pending_list)
 
-    check = sub.add_parser("verify", parents=[common],
-                           help="scan every file read-only; exit 4 when any line is damaged")
-    check.add_argument("--json", action="store_true", help="print JSON")
+    check = command(sub, "verify", "scan every file read-only; exit 4 when any line is damaged")
+    _json(check)
     check.set_defaults(handler=verify)
 
-    stat = sub.add_parser("stats", parents=[common], help="counts of pending and dead tasks")
-    stat.add_argument("--json", action="store_true", help="print JSON")
+    stat = command(sub, "stats", "counts of pending and dead tasks")
+    _json(stat)
     stat.set_defaults(handler=stats)

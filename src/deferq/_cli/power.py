@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from deferq._cli.parser import Subcommands
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cycles", type=int, default=100,
@@ -31,7 +33,7 @@ def _power_test(args: argparse.Namespace) -> int:
     return power_test(args)
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subcommands) -> None:
     parser = sub.add_parser("power-test", help="SIGKILLs and power cuts on a loop-mounted ext4"
                             " image (root)")
     add_arguments(parser)

@@ -16,15 +16,14 @@ import sys
 from pathlib import Path
 
 import deferq
-from deferq._cli.ops import (
+from deferq._cli.dead import (
     DeadStoreView,
     dead_list,
     dead_remove,
     dead_retry,
     dead_show,
-    file_size_text,
-    pending_list,
 )
+from deferq._cli.ops import file_size_text, pending_list
 from deferq.backends import Disk
 
 REGISTRY = deferq.TaskRegistry()

@@ -11,6 +11,8 @@ too: the next add (dead-task store) or the next open (WAL) cuts it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import dataclass, field
 
 from deferq._engine.env import Env, OpenFlag
@@ -88,17 +90,22 @@ def verify_file(env: Env, path: str, name: str, kind: str) -> FileReport | None:
     return report
 
 
-def verify_directory(env: Env, path: str, prefix: str) -> list[FileReport]:
-    """Scan every WAL file of ``prefix`` (name order) and the dead-task data file."""
+def verify_directory(env: Env, path: str, prefix: str,
+                     on_file: Callable[[str], None] | None = None) -> list[FileReport]:
+    """Scan every WAL file of ``prefix`` (name order) and the dead-task data file.
+
+    ``on_file`` is called with each file's name before it is scanned (for progress).
+    """
     names = env.listdir(path)
-    reports = []
-    for name in sorted(n for n in names if is_wal_file_name(prefix, n)):
-        report = verify_file(env, path, name, "wal")
-        if report is not None:
-            reports.append(report)
+    todo = [(n, "wal") for n in sorted(n for n in names if is_wal_file_name(prefix, n))]
     dead = dead_data_name(prefix)
     if dead in names:
-        report = verify_file(env, path, dead, "dead")
+        todo.append((dead, "dead"))
+    reports = []
+    for name, kind in todo:
+        if on_file is not None:
+            on_file(name)
+        report = verify_file(env, path, name, kind)
         if report is not None:
             reports.append(report)
     return reports

@@ -15,7 +15,7 @@ Rules:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from deferq._core.types import DeadTask
@@ -65,13 +65,19 @@ class Operator:
         """The dead task with this id, or None."""
         return self._dead.find_dead_task(task_id)
 
-    def retry_dead(self, ids: Iterable[str]) -> tuple[list[Retried], list[str]]:
-        """Move dead tasks back to the WAL (Q-12). Returns (retried, ids not found)."""
+    def retry_dead(self, ids: Iterable[str], on_task: Callable[[], None] | None = None
+                   ) -> tuple[list[Retried], list[str]]:
+        """Move dead tasks back to the WAL (Q-12). Returns (retried, ids not found).
+
+        ``on_task`` is called once per id looked up and once per task added (for progress).
+        """
         if self._wal is None:
             raise RuntimeError("retry needs a WAL backend")
         found: list[DeadTask] = []
         missing: list[str] = []
         for task_id in dict.fromkeys(ids):
+            if on_task is not None:
+                on_task()
             dead = self._dead.find_dead_task(task_id)
             if dead is None:
                 missing.append(task_id)
@@ -81,6 +87,8 @@ class Operator:
             return [], missing
         retried = []
         for dead in found:
+            if on_task is not None:
+                on_task()
             context = reset_attempts(dead.context, self._codec)
             retried.append(Retried(dead.id, self._wal.add_task(context), context))
         self._wal.sync()

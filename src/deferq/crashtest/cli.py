@@ -18,9 +18,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 from deferq.crashtest._crashrun import Engine
-from deferq.crashtest._explore import BOUNDS, ExploreReport, decode_token, explore, replay
+from deferq.crashtest._explore import (
+    BOUNDS,
+    ExploreReport,
+    decode_token,
+    explore,
+    replay,
+)
 from deferq.crashtest._mutants import Mutant, check_mutant, load_catalogue
 
 EXIT_INCOMPLETE = 3  # deferq._cli.crash documents it
@@ -49,6 +56,13 @@ def _engine_for(name: str, args: argparse.Namespace) -> Engine:
                      f"engine nor in the catalogue ({why})")
 
 
+def _progress_printer() -> Callable[[str], None] | None:
+    """Progress lines on a terminal; none when the output is piped (the summary always)."""
+    if not sys.stdout.isatty():
+        return None
+    return lambda line: print(line, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.replay is not None:
         data = decode_token(args.replay)
@@ -64,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  bound {bound.describe()}")
     report: ExploreReport = explore(Engine(), max_ops=args.max_ops, seed=args.seed,
                                     models=models, bound=bound, seconds=args.seconds,
-                                    progress=lambda line: print(line, flush=True),
+                                    progress=_progress_printer(),
                                     jobs=max(1, args.jobs))
     print(report.summary())
     for violation in report.violations[:50]:

@@ -81,7 +81,7 @@ def _run_inside(args: argparse.Namespace, seed: int) -> int:
               f"{args.workers} workers", flush=True)
     config = PowerConfig(cycles=args.cycles, seed=seed, fs=args.fs, workers=args.workers,
                          log_path=args.log, evidence_dir=args.evidence,
-                         progress=None if quiet else sys.stdout)
+                         progress=None if quiet or not sys.stdout.isatty() else sys.stdout)
     try:
         summary = run_power_test(config)
     except KeyboardInterrupt:

@@ -1,0 +1,241 @@
+"""``deferq dead list|show|retry|remove``: the dead-task commands (spec/queue.md Q-12, Q-13,
+Q-24..Q-28).
+
+Rules:
+- ``list``, ``show`` and ``remove`` open only the dead-task store (its lock, bounded
+  waits): they create no WAL file and work while workers run.
+- ``retry`` opens a ``Disk`` (a WAL of its own, fsync on every add), adds each task under
+  a new id, fsyncs, and only then removes the dead records (Q-12); the retried tasks run
+  at the next start of a worker (a running worker does not adopt another process's WAL).
+- Bulk actions (``--all``) act only on what the filters select; ``--dry-run`` shows the
+  selection and changes nothing. Every id asked for and not found is named, on standard
+  error (and in the JSON document), and makes the exit status 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterable
+from typing import Final
+
+from deferq._cli.output import (
+    context_text,
+    dead_json,
+    one_line,
+    print_json,
+    safe,
+    table,
+    when,
+)
+from deferq._cli.parser import EXIT_USAGE
+from deferq._cli.progress import Progress
+from deferq._cli.store import CommandError, require_store, storage_of
+from deferq._core.format import check_task_id
+from deferq._core.types import DeadTask
+from deferq._engine.deadstore import DeadTaskStore
+from deferq._engine.osenv import OS_ENV
+from deferq._runtime.operator import Operator, Retried
+from deferq._runtime.serialize import JSON_CODEC, ContextCodec
+from deferq.backends import Disk
+
+EXIT_NOT_FOUND: Final = 3
+DEAD_HEADERS: Final = ("ID", "TASK CLASS", "ATTEMPTS", "FAILED AT", "EXCEPTION")
+
+
+class DeadStoreView:
+    """The dead-task half of a backend, without opening a WAL."""
+
+    def __init__(self, path: str, prefix: str) -> None:
+        self._store = DeadTaskStore(OS_ENV, path, prefix)
+
+    def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
+        return self._store.list_tasks(limit, offset)
+
+    def find_dead_task(self, task_id: str) -> DeadTask | None:
+        return self._store.find(check_task_id(task_id))
+
+    def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
+        if ids is None:
+            return 0
+        wanted = [ids] if isinstance(ids, str) else list(ids)
+        return self._store.remove({check_task_id(i, argument="id") for i in wanted})
+
+    def close(self) -> None:
+        self._store.close()
+
+
+def _view(args: argparse.Namespace) -> tuple[str, str, DeadStoreView]:
+    path, prefix = storage_of(args)
+    require_store(path, prefix)
+    return path, prefix, DeadStoreView(path, prefix)
+
+
+def dead_row(task: DeadTask) -> list[str]:
+    """One dead task as a row of ``DEAD_HEADERS``, escaped for a terminal."""
+    return [safe(task.id), safe(task.task_class), str(task.attempts), when(task.failed_at),
+            f"{safe(task.exception_class)}: {one_line(task.exception_message)}"]
+
+
+def _print_dead_table(tasks: list[DeadTask]) -> None:
+    if tasks:
+        print("\n".join(table(DEAD_HEADERS, [dead_row(t) for t in tasks])))
+
+
+def _not_found(task_id: str) -> None:
+    print(f"deferq: error: no dead task with id {safe(task_id)!r}", file=sys.stderr)
+
+
+def dead_list(args: argparse.Namespace) -> int:
+    _, _, view = _view(args)
+    try:
+        tasks = Operator(view).list_dead(limit=args.limit, offset=args.offset,
+                                         task_class=args.task_class,
+                                         exception_class=args.exception_class)
+    finally:
+        view.close()
+    if args.json:
+        print_json([dead_json(t) for t in tasks])
+        return 0
+    _print_dead_table(tasks)
+    print(f"{len(tasks)} dead task(s)")
+    return 0
+
+
+def dead_show(args: argparse.Namespace) -> int:
+    _, _, view = _view(args)
+    try:
+        task = Operator(view).find_dead(args.id)
+    finally:
+        view.close()
+    if task is None:
+        _not_found(args.id)
+        if args.json:
+            print_json(None)
+        return EXIT_NOT_FOUND
+    if args.json:
+        print_json(dead_json(task))
+        return 0
+    fields = [("id", safe(task.id)), ("task class", safe(task.task_class)),
+              ("attempts", str(task.attempts)), ("enqueued at", when(task.enqueued_at)),
+              ("failed at", when(task.failed_at)),
+              ("exception", f"{safe(task.exception_class)}: {safe(task.exception_message)}"),
+              ("context", context_text(task.context))]
+    for name, value in fields:
+        print(f"{name + ':':<13}{value}")
+    print("backtrace:")
+    for frame in task.backtrace:
+        print(f"  {safe(frame)}")
+    return 0
+
+
+def _select(operator: Operator, args: argparse.Namespace) -> list[str]:
+    """The ids a bulk command acts on (every id once, in the order given)."""
+    if args.all == bool(args.ids):
+        raise CommandError("give task ids or --all, not both and not neither", EXIT_USAGE)
+    if args.all:
+        return [t.id for t in operator.list_dead(task_class=args.task_class,
+                                                 exception_class=args.exception_class)]
+    if args.task_class is not None or args.exception_class is not None:
+        raise CommandError("--task-class and --exception-class select with --all only",
+                           EXIT_USAGE)
+    for task_id in args.ids:
+        check_task_id(task_id, argument="id")
+    return list(dict.fromkeys(args.ids))
+
+
+def _split(operator: Operator, ids: list[str]) -> tuple[list[DeadTask], list[str]]:
+    """The dead tasks of ``ids`` that exist now, and the ids that do not."""
+    found: list[DeadTask] = []
+    missing: list[str] = []
+    progress = Progress("looking up ids", len(ids))
+    try:
+        for task_id in ids:
+            progress.step()
+            task = operator.find_dead(task_id)
+            if task is None:
+                missing.append(task_id)
+            else:
+                found.append(task)
+    finally:
+        progress.close()
+    return found, missing
+
+
+def _dry_run(operator: Operator, ids: list[str], verb: str, json_out: bool) -> int:
+    found, missing = _split(operator, ids)
+    for task_id in missing:
+        _not_found(task_id)
+    if json_out:
+        print_json({"dry_run": True, f"would_{verb}": [dead_json(t) for t in found],
+                    "missing": missing})
+    else:
+        _print_dead_table(found)
+        print(f"dry run: would {verb} {len(found)} dead task(s)")
+    return EXIT_NOT_FOUND if missing else 0
+
+
+def _codec(args: argparse.Namespace) -> ContextCodec:
+    """The pickle key comes from an environment variable, never from the command line (Q-19)."""
+    name = getattr(args, "pickle_key_env", None)
+    if name is None:
+        return JSON_CODEC
+    key = os.environ.get(name)
+    if not key:
+        raise ValueError(f"environment variable {name} (--pickle-key-env) is not set")
+    return ContextCodec(pickle_key=key.encode("utf-8"), use_pickle=True)
+
+
+def dead_retry(args: argparse.Namespace) -> int:
+    path, prefix, view = _view(args)
+    try:
+        ids = _select(Operator(view), args)
+        if args.dry_run:
+            return _dry_run(Operator(view), ids, "retry", args.json)
+    finally:
+        view.close()
+    retried: list[Retried] = []
+    missing: list[str] = []
+    if ids:
+        codec = _codec(args)
+        progress = Progress("retry: steps", 2 * len(ids))
+        try:
+            with Disk(path=path, prefix=prefix, fsync_frequency=0) as disk:
+                retried, missing = Operator(disk, disk, codec=codec).retry_dead(
+                    ids, on_task=progress.step)
+        finally:
+            progress.close()
+    for task_id in missing:
+        _not_found(task_id)
+    if args.json:
+        print_json({"retried": [{"id": r.old_id, "new_id": r.new_id} for r in retried],
+                    "missing": missing})
+    else:
+        for item in retried:
+            print(f"retried {safe(item.old_id)} as {item.new_id}")
+        print(f"retried {len(retried)} dead task(s); they run at the next start of a worker")
+    return EXIT_NOT_FOUND if missing else 0
+
+
+def dead_remove(args: argparse.Namespace) -> int:
+    _, _, view = _view(args)
+    operator = Operator(view)
+    try:
+        ids = _select(operator, args)
+        if args.dry_run:
+            return _dry_run(operator, ids, "remove", args.json)
+        # Explicit ids are looked up first so that a missing one can be named (Q-24);
+        # ``--all`` selected ids that exist.
+        missing = [] if args.all else _split(operator, ids)[1]
+        wanted = [i for i in ids if i not in set(missing)]
+        removed = operator.remove_dead(wanted) if wanted else 0
+    finally:
+        view.close()
+    for task_id in missing:
+        _not_found(task_id)
+    if args.json:
+        print_json({"removed": removed, "missing": missing})
+    else:
+        print(f"removed {removed} dead task(s)")
+    return EXIT_NOT_FOUND if missing or removed < len(wanted) else 0
