@@ -164,7 +164,7 @@ def test_unknown_option_keys_are_named_with_the_supported_ones() -> None:
     ({"prefix": "a/b"}, re.escape("prefix 'a/b'")),
     ({"fsync_frequency": -1}, "fsync_frequency -1"),
 ])
-@pytest.mark.spec("C-3", "C-4", "C-5")
+@pytest.mark.spec("C-3", "C-4", "C-20")
 def test_config_validates_each_option_when_it_is_set(options: dict[str, object],
                                                      pattern: str) -> None:
     config = Config()
@@ -254,12 +254,12 @@ def test_non_str_prefix_is_rejected(prefix: object) -> None:
         check_prefix(prefix)
 
 
-# ----------------------------------------------------------------------------- fsync_frequency (C-5)
+# ----------------------------------------------------------------------------- fsync_frequency (C-20)
 
 
-@pytest.mark.spec("C-5")
+@pytest.mark.spec("C-20")
 @pytest.mark.parametrize(("value", "seconds"), [
-    (0, 0.0), (0.0, 0.0), (0.5, 0.5), (2, 2.0), (3600, 3600.0), (3600.0, 3600.0),
+    (0, 0.0), (0.0, 0.0), (0.001, 0.001), (0.5, 0.5), (2, 2.0), (3600, 3600.0), (3600.0, 3600.0),
 ])
 def test_fsync_frequency_accepts_finite_seconds_from_zero_to_an_hour(value: float,
                                                                      seconds: float) -> None:
@@ -267,17 +267,34 @@ def test_fsync_frequency_accepts_finite_seconds_from_zero_to_an_hour(value: floa
     assert result == seconds and type(result) is float
 
 
-@pytest.mark.spec("C-5")
+@pytest.mark.spec("C-20")
 @pytest.mark.parametrize("value", [
     math.nan, math.inf, -math.inf, -1, -0.001, 3601, 3600.001, 10**400, -(10**400),
+    1e-9, 0.0009, 5e-324,
 ])
 def test_fsync_frequency_out_of_range_is_rejected(value: float) -> None:
     with pytest.raises(ValueError, match="fsync_frequency"):
         check_fsync_frequency(value)
 
 
-@pytest.mark.spec("C-5")
+@pytest.mark.spec("C-20")
 @pytest.mark.parametrize("value", [True, False, "1", None, b"1", [1]])
 def test_fsync_frequency_of_a_non_number_or_bool_is_rejected(value: object) -> None:
     with pytest.raises(ValueError, match="must be a number of seconds"):
         check_fsync_frequency(value)
+
+
+@pytest.mark.spec("C-19")
+def test_a_prefix_is_bounded_so_that_every_file_name_fits(tmp_path: Path) -> None:
+    longest = "p" * 225  # 226 bytes with its '-'
+    assert check_prefix(longest) == longest + "-"
+    with pytest.raises(ValueError, match="at most 226 keep every file name within 255 bytes"):
+        check_prefix(longest + "pp")
+    with pytest.raises(ValueError, match="UTF-8 bytes"):
+        check_prefix("é" * 114)  # 228 bytes
+    # The longest prefix works on a real filesystem, every time (pid and random vary).
+    for _ in range(3):
+        with Disk(path=tmp_path / "s", prefix=longest) as disk:
+            disk.add_task(b"x")
+            disk.add_dead_task("1-1-1", b"x", RuntimeError("x"), task_class="t", attempts=0)
+            assert disk.remove_dead_tasks(["1-1-1"]) == 1

@@ -51,6 +51,15 @@ DEFAULT_PATH: Final = "storage"
 DEFAULT_PREFIX: Final = "deferred-"
 DEFAULT_FSYNC_FREQUENCY_S: Final = 0.5
 FSYNC_FREQUENCY_MAX_S: Final = 3600.0
+# A timer firing more often than this only burns CPU: the fsync it drives takes longer (C-20).
+FSYNC_FREQUENCY_MIN_S: Final = 0.001
+# The longest file name deferq makes from a prefix is a WAL file's: the prefix, the version,
+# and "-YYYYMMDD-{pid, 10 digits}-{random, 7 base-36 digits}" (F-1); ext4 and most
+# filesystems allow 255 bytes in a name (C-19).
+FILE_NAME_BYTES_MAX: Final = 255
+PREFIX_BYTES_MAX: Final = FILE_NAME_BYTES_MAX - len(WAL_STORAGE_VERSION) - len("-YYYYMMDD-") - 10 - 1 - 7
+# Backpressure waits at most this long: a larger timeout would overflow the wait loop.
+BACKPRESSURE_TIMEOUT_MAX_S: Final = 3600.0
 
 # --- File modes (F-13).
 FILE_MODE: Final = 0o600
@@ -79,6 +88,8 @@ assert (
     < LINE_BYTES_MAX
 )
 assert WAL_SIZE_INCREASE_RATIO > 1.0
+assert 0 < FSYNC_FREQUENCY_MIN_S < DEFAULT_FSYNC_FREQUENCY_S <= FSYNC_FREQUENCY_MAX_S
+assert PREFIX_BYTES_MAX == 226
 assert LOCK_ATTEMPTS_MAX >= 2
 
 # --- Dead-task store group commit (S-14).

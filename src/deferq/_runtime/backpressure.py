@@ -1,7 +1,7 @@
 """Backpressure: high and low water marks on the backlog of immediate tasks (spec/queue.md Q-11).
 
 Rules: every value is validated when it is built (``Backpressure`` raises ``ValueError``
-naming the bad field).
+naming the bad field, Q-29).
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Final
+
+from deferq._core.limits import BACKPRESSURE_TIMEOUT_MAX_S
 
 BACKPRESSURE_SLEEP_S: Final = 0.05
 
@@ -28,8 +30,10 @@ class Backpressure:
         if isinstance(low, bool) or not isinstance(low, int) or not 0 <= low <= high:
             raise ValueError(f"low_water_mark must be an int in [0, high_water_mark], got {low!r}")
         if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                or not math.isfinite(timeout) or timeout < 0):
-            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+                or not math.isfinite(timeout) or not 0 <= timeout <= BACKPRESSURE_TIMEOUT_MAX_S):
+            # Implements Q-29: a larger timeout would overflow the wait loop's count.
+            raise ValueError(f"timeout must be a finite number of seconds from 0 to "
+                             f"{BACKPRESSURE_TIMEOUT_MAX_S:g}, got {timeout!r}")
 
     @property
     def low(self) -> int:

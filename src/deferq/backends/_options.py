@@ -10,7 +10,12 @@ from __future__ import annotations
 import math
 import os
 
-from deferq._core.limits import FSYNC_FREQUENCY_MAX_S
+from deferq._core.limits import (
+    FILE_NAME_BYTES_MAX,
+    FSYNC_FREQUENCY_MAX_S,
+    FSYNC_FREQUENCY_MIN_S,
+    PREFIX_BYTES_MAX,
+)
 
 
 def check_path(path: object) -> str:
@@ -34,15 +39,23 @@ def check_prefix(prefix: object) -> str:
     if not prefix.strip("- \t") or prefix in (".", ".."):
         raise ValueError(f"prefix {prefix!r} is empty of meaning: use letters or digits,"
                          " e.g. 'deferred-'")
-    return prefix if prefix.endswith("-") else prefix + "-"
+    normalized = prefix if prefix.endswith("-") else prefix + "-"
+    size = len(normalized.encode("utf-8", "surrogatepass"))
+    if size > PREFIX_BYTES_MAX:  # Implements C-19: every file name must fit NAME_MAX.
+        raise ValueError(f"prefix is {size} UTF-8 bytes (with its '-'); at most "
+                         f"{PREFIX_BYTES_MAX} keep every file name within {FILE_NAME_BYTES_MAX} bytes")
+    return normalized
 
 
 def check_fsync_frequency(value: object) -> float:
-    """Seconds between WAL fsyncs: finite, >= 0, at most FSYNC_FREQUENCY_MAX_S (C-5)."""
+    """Seconds between WAL fsyncs: 0, or from FSYNC_FREQUENCY_MIN_S to FSYNC_FREQUENCY_MAX_S (C-20)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"fsync_frequency must be a number of seconds, not {type(value).__name__}")
     seconds = float(value) if isinstance(value, float) or abs(value) <= 2**53 else math.inf
     if not math.isfinite(seconds) or seconds < 0 or seconds > FSYNC_FREQUENCY_MAX_S:
         raise ValueError(f"fsync_frequency {value!r} must be a finite number of seconds from 0"
                          f" (fsync every write) to {FSYNC_FREQUENCY_MAX_S:g}")
+    if 0 < seconds < FSYNC_FREQUENCY_MIN_S:
+        raise ValueError(f"fsync_frequency {value!r} is below {FSYNC_FREQUENCY_MIN_S:g} s: a timer"
+                         " that fires more often only burns CPU; use 0 to fsync every write")
     return seconds

@@ -181,6 +181,10 @@ class Disk:
         """Remove dead tasks by id; return how many distinct ids were found (S-5, D-9)."""
         if ids is None:
             wanted: set[str] = set()
+        elif isinstance(ids, (bytes, bytearray, memoryview)):
+            # Iterable, but of ints: say what was passed rather than complain about an int id.
+            raise ValueError(f"ids must be a task id (str), an iterable of task ids or None, "
+                             f"not {type(ids).__name__}; decode it first")
         elif isinstance(ids, str):
             wanted = {check_task_id(ids, argument="id")}
         elif isinstance(ids, Iterable):
