@@ -18,7 +18,7 @@ import pytest
 
 from deferq import Operator, Queue, Task, TaskRegistry
 from deferq._core.types import DeadTask, PendingTask
-from deferq.backends import Backend, Disk, Nil
+from deferq.backends import Backend, Disk, Memory, Nil
 from deferq.backends.protocol import DeadTaskAdmin
 from tests.queue.helpers import DrivenClock, settle
 
@@ -39,8 +39,8 @@ def test_the_protocols_list_exactly_the_documented_members() -> None:
     assert _protocol_members(DeadTaskAdmin) == set(ADMIN_MEMBERS)
 
 
-@pytest.mark.spec("C-16")
-@pytest.mark.parametrize("cls", [Disk, Nil])
+@pytest.mark.spec("C-16", "C-21")
+@pytest.mark.parametrize("cls", [Disk, Nil, Memory])
 def test_disk_and_nil_have_every_member_with_the_protocols_signature(cls: type) -> None:
     for name in BACKEND_MEMBERS:
         wanted = inspect.getattr_static(Backend, name)
@@ -60,6 +60,8 @@ def test_disk_and_nil_are_backends_to_mypy(tmp_path: Path) -> None:
     # mypy --strict checks these assignments (scripts/check.sh runs it on tests/).
     disk: Backend = Disk(path=tmp_path / "s")
     nil: Backend = Nil()
+    memory: Backend = Memory()
+    assert memory.pending_tasks() == []
     admin: DeadTaskAdmin = disk
     try:
         assert admin.list_dead_tasks() == [] and nil.pending_tasks() == []

@@ -27,7 +27,7 @@ PACKAGE = SRC / "deferq"
 
 # The layers of the library, lowest first; a module may import its own layer and lower ones.
 LAYERS = ("deferq._core", "deferq._engine", "deferq.backends", "deferq._runtime", "deferq",
-          "deferq._cli")
+          "deferq.testing", "deferq._cli")
 # Tools around the library: they may import any of it; the library never imports them,
 # except that the CLI modules named in LAZY_TOOL_IMPORTS load them inside a handler.
 TOOLS = ("deferq.crashtest", "deferq.powertest", "deferq._demos")
@@ -162,7 +162,8 @@ def test_only_the_os_adapter_and_the_front_ends_import_os() -> None:
     # The OS adapter, option checks (os.PathLike), the command line (it shows files and
     # reads the environment) and the tools (which drive real processes, mounts and ioctls)
     # are around the engine.
-    allowed = {ENGINE_OS_ADAPTER, "deferq.backends._options", "deferq.backends.disk"}
+    allowed = {ENGINE_OS_ADAPTER, "deferq.backends._options", "deferq.backends.disk",
+               "deferq.backends.memory"}
     for module in MODULES:
         if layer_of(module) in (*TOOLS, "deferq._cli"):
             continue

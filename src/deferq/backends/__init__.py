@@ -2,12 +2,14 @@
 
 - ``Disk`` (``disk``): a tasks WAL per worker and a shared dead-task store in a directory.
 - ``Nil`` (``nil``): stores nothing.
+- ``Memory`` (``memory``): ``Disk``'s semantics in memory, for tests (``deferq.testing``).
 - ``Backend`` (``protocol``): what the queue and the operator tools require of a backend;
   a new backend implements it (spec/api.md).
 """
 
 from deferq.backends.disk import Disk
+from deferq.backends.memory import Memory
 from deferq.backends.nil import Nil
 from deferq.backends.protocol import Backend
 
-__all__ = ["Backend", "Disk", "Nil"]
+__all__ = ["Backend", "Disk", "Memory", "Nil"]
