@@ -121,6 +121,15 @@ def context_summary(context: bytes) -> tuple[str, str]:
     try:
         decoded = decode_context(context)
     except ContextError:
+        # A record this process cannot decode in full (a tagged version 2 record, Q-30) may
+        # still name its task and attempts; never unpickle or build anything to find out.
+        try:
+            record = json.loads(context.decode("utf-8"), parse_constant=_no_constant)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            return "<undecodable>", "?"
+        if isinstance(record, dict) and isinstance(record.get("task"), str):
+            attempts = record.get("attempts")
+            return safe(str(record["task"])), str(attempts) if type(attempts) is int else "?"
         return "<undecodable>", "?"
     return safe(decoded.task), str(decoded.attempts)
 

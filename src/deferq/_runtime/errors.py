@@ -11,3 +11,11 @@ class PushTimeout(DeferqError, TimeoutError):
 
 class UnloadableTaskError(DeferqError):
     """Recorded as the exception of a task that could not be loaded at replay (Q-9)."""
+
+
+class SerializationError(DeferqError, TypeError):
+    """Task arguments that cannot be stored as JSON unchanged (raised at enqueue)."""
+
+
+class ContextError(DeferqError, ValueError):
+    """A stored context that cannot be decoded into a runnable task record."""

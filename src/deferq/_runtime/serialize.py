@@ -26,23 +26,21 @@ import pickle
 from collections.abc import Callable, Iterable
 from typing import Final, NamedTuple
 
-from deferq._core.errors import DeferqError
+# Re-exported: the queue's errors module defines them so that jsontypes can raise them too.
+from deferq._runtime.errors import ContextError as ContextError
+from deferq._runtime.errors import SerializationError as SerializationError
+from deferq._runtime.jsontypes import JsonTypes
 
 CONTEXT_VERSION: Final = 1
+# Version 2: the same record, with values tagged by ``JsonTypes`` (Q-30); written only when
+# a tag is needed, so every plain record stays version 1 for every reader.
+TAGGED_CONTEXT_VERSION: Final = 2
 _MAX_DEPTH: Final = 100
 _KEYS: Final = ("v", "task", "args", "kwargs", "attempts")
 
 # A JSON value as this module accepts it. ``object`` keeps mypy --strict honest
 # without explicit Any: the strict walk below is what checks the shape.
 JsonValue = object
-
-
-class SerializationError(DeferqError, TypeError):
-    """Task arguments that cannot be stored as JSON unchanged (raised at enqueue)."""
-
-
-class ContextError(DeferqError, ValueError):
-    """A stored context that cannot be decoded into a runnable task record."""
 
 
 class Context(NamedTuple):
@@ -206,8 +204,11 @@ def peek_task_name(data: bytes) -> str | None:
     return None
 
 
-def decode_context(data: bytes) -> Context:
-    """Parse a stored context; raise ContextError naming what is wrong."""
+def decode_context(data: bytes, json_types: JsonTypes | None = None) -> Context:
+    """Parse a stored context; raise ContextError naming what is wrong.
+
+    With ``json_types`` a version 2 record's tagged values are decoded too (Q-30).
+    """
     try:
         text = bytes(data).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -220,7 +221,11 @@ def decode_context(data: bytes) -> Context:
         raise ContextError(f"context is not valid JSON: {exc}") from None
     if not isinstance(record, dict):
         raise ContextError(f"context JSON is a {type(record).__name__}, not an object")
-    if record.get("v") != CONTEXT_VERSION:
+    tagged = record.get("v") == TAGGED_CONTEXT_VERSION and json_types is not None
+    if record.get("v") == TAGGED_CONTEXT_VERSION and json_types is None:
+        raise ContextError("context record version 2 holds tagged values (UUID, datetime, "
+                           "Decimal, models): decode it with ContextCodec(json_types=...)")
+    if record.get("v") != CONTEXT_VERSION and not tagged:
         raise ContextError(f"context record version {record.get('v')!r} is not supported "
                            f"(expected {CONTEXT_VERSION})")
     extra = sorted(set(record) - set(_KEYS))
@@ -235,6 +240,12 @@ def decode_context(data: bytes) -> Context:
         raise ContextError("context field 'kwargs' is not an object")
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
         raise ContextError(f"context field 'attempts' is {attempts!r}, not an int >= 0")
+    if tagged:
+        assert json_types is not None
+        decoded = json_types.decode([args, kwargs])
+        assert isinstance(decoded, list)
+        args, kwargs = decoded
+        assert isinstance(args, list) and isinstance(kwargs, dict)
     return Context(task=task, args=tuple(args), kwargs=dict(kwargs), attempts=attempts)
 
 
@@ -257,7 +268,14 @@ class ContextCodec:
     pickle, the tag covering the magic and the pickle.
     """
 
-    def __init__(self, *, pickle_key: bytes | None = None, use_pickle: bool = False) -> None:
+    def __init__(self, *, pickle_key: bytes | None = None, use_pickle: bool = False,
+                 json_types: JsonTypes | None = None) -> None:
+        if json_types is not None and not isinstance(json_types, JsonTypes):
+            raise ValueError(f"json_types must be a JsonTypes, not {type(json_types).__name__}")
+        if json_types is not None and use_pickle:
+            raise ValueError("json_types applies to JSON contexts; use_pickle=True already "
+                             "stores any picklable value")
+        self.json_types = json_types
         if pickle_key is not None:
             if not isinstance(pickle_key, bytes) or len(pickle_key) < PICKLE_KEY_BYTES_MIN:
                 raise ValueError(f"pickle_key must be bytes of at least {PICKLE_KEY_BYTES_MIN} "
@@ -275,6 +293,8 @@ class ContextCodec:
     def encode(self, context: Context) -> bytes:
         """Bytes for the backend; raises SerializationError for arguments that cannot be stored."""
         if not self.use_pickle:
+            if self.json_types is not None:
+                return self._encode_tagged(context)
             return encode_context(context)
         record = (CONTEXT_VERSION, context.task, tuple(context.args), dict(context.kwargs),
                   context.attempts)
@@ -284,11 +304,27 @@ class ContextCodec:
             raise SerializationError(f"arguments cannot be pickled: {exc}") from None
         return PICKLE_MAGIC + self._tag(body) + b":" + body
 
+    def _encode_tagged(self, context: Context) -> bytes:
+        """Implements Q-30: version 1 when no value needs a tag, else version 2 with tags."""
+        assert self.json_types is not None
+        args, args_tagged = self.json_types.encode(list(context.args), "arguments")
+        kwargs, kwargs_tagged = self.json_types.encode(dict(context.kwargs), "keyword arguments")
+        if not (args_tagged or kwargs_tagged):
+            return encode_context(context)
+        record: dict[str, object] = {"v": TAGGED_CONTEXT_VERSION, "task": context.task,
+                                     "args": args, "kwargs": kwargs,
+                                     "attempts": context.attempts}
+        try:
+            return _dumps(record).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SerializationError(f"an argument is not valid Unicode text: {exc.reason}"
+                                     ) from None
+
     def decode(self, data: bytes) -> Context:
         """A context from the backend's bytes; raises ContextError naming what is wrong."""
         data = bytes(data)
         if not data.startswith(PICKLE_MAGIC):
-            return decode_context(data)
+            return decode_context(data, self.json_types)
         if self._key is None:
             raise ContextError("context is pickled but no pickle key is configured; refusing to "
                                "unpickle it")
