@@ -8,8 +8,11 @@ from deferq._core.errors import (
     DeadTasksLockTimeout,
     DeferqError,
     LimitExceededError,
+    NotATaskError,
+    QueueStateError,
     StorageBrokenError,
     StorageClosedError,
+    TaskNotRegisteredError,
 )
 from deferq._runtime.operator import Operator, Retried
 from deferq._runtime.queue import Queue
@@ -33,9 +36,11 @@ __all__ = [
     "DiskOptions",
     "JsonTypes",
     "LimitExceededError",
+    "NotATaskError",
     "Operator",
     "PendingTask",
     "PushTimeout",
+    "QueueStateError",
     "Queue",
     "Retried",
     "SerializationError",
@@ -44,6 +49,7 @@ __all__ = [
     "SystemClock",
     "Task",
     "TaskFunction",
+    "TaskNotRegisteredError",
     "TaskRegistry",
     "UnloadableTaskError",
     "task",

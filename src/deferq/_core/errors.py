@@ -10,12 +10,23 @@ from __future__ import annotations
 
 
 class DeferqError(Exception):
-    """Base class of every exception deferq defines. Never raised directly."""
+    """Base class of every exception deferq defines: ``except DeferqError`` catches them all.
 
-    def __init__(self, *args: object) -> None:
-        if type(self) is DeferqError:
-            raise TypeError("DeferqError is abstract: raise one of its subclasses")
-        super().__init__(*args)
+    deferq raises its subclasses; like any exception class it can be instantiated (C-22),
+    e.g. by a test double of a backend.
+    """
+
+
+class TaskNotRegisteredError(DeferqError, ValueError):
+    """A task whose name is not in the queue's registry was enqueued (C-22, Q-1)."""
+
+
+class NotATaskError(DeferqError, TypeError):
+    """Something other than a ``Task`` subclass or a ``@task`` function was enqueued (C-22)."""
+
+
+class QueueStateError(DeferqError, RuntimeError):
+    """A queue was used in a state that does not allow it, e.g. ``start()`` twice (C-22)."""
 
 
 class DeadTasksLockTimeout(DeferqError, TimeoutError):

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from deferq._core.types import DeadTask, PendingTask
+from deferq._core.errors import QueueStateError, TaskNotRegisteredError
 from deferq._runtime.backpressure import BACKPRESSURE_SLEEP_S, Backpressure
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.committer import Committer
@@ -161,7 +162,7 @@ class Queue:
     async def start(self) -> None:
         """Bind to the running loop and replay the backend's pending tasks (Q-9)."""
         if self._state is not _State.NEW:
-            raise RuntimeError(f"queue cannot start: it is {self._state.value}")
+            raise QueueStateError(f"queue cannot start: it is {self._state.value}")
         self._loop = asyncio.get_running_loop()
         self._state = _State.RUNNING
         now = int(self.clock.time())
@@ -256,7 +257,8 @@ class Queue:
                  ) -> tuple[bytes, Context, type[Task]]:
         cls = task_class_of(task)
         if self.registry.get(cls.task_name) is not cls:
-            raise ValueError(f"task {cls.task_name!r} is not registered in this queue's registry")
+            raise TaskNotRegisteredError(
+                f"task {cls.task_name!r} is not registered in this queue's registry")
         context = Context(cls.task_name, args, kwargs, 0)
         return self.codec.encode(context), context, cls
 

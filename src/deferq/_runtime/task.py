@@ -37,6 +37,8 @@ from typing import (
     overload,
 )
 
+from deferq._core.errors import NotATaskError
+
 log = logging.getLogger("deferq.queue")
 
 DEFAULT_MAX_RETRIES: Final = 20
@@ -226,5 +228,5 @@ def task_class_of(ref: object) -> type[Task]:
         return ref.task_class
     if isinstance(ref, type) and issubclass(ref, Task) and ref is not Task:
         return ref
-    raise TypeError(f"{ref!r} is not a deferq task: subclass deferq.Task or decorate a function "
+    raise NotATaskError(f"{ref!r} is not a deferq task: subclass deferq.Task or decorate a function "
                     f"with @deferq.task")
