@@ -9,7 +9,8 @@ Each command runs in a new interpreter (the same one as this script) from a scra
 directory, so neither the checkout nor a warm interpreter helps it: ``python -c pass`` (the
 baseline: interpreter start-up and site), ``python -c "import deferq"``, ``python -c "import
 deferq._cli"`` and a whole ``python -m deferq stats --path P`` on a small store. After one
-untimed warm-up of each (bytecode caches, page cache), the commands run in rotation N times and
+untimed warm-up of each (it writes the bytecode caches, even under PYTHONDONTWRITEBYTECODE, as
+an installed wheel has them; and warms the page cache), the commands run in rotation N times and
 each is reported as the median wall time, the difference from the baseline, and the ratio to
 it. One more untimed run of each under ``-X importtime`` lists the deferq modules it loads;
 none may be a harness module (deferq.crashtest, deferq.powertest, deferq._demos): the exit
@@ -104,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     if runs < 1:
         parser.error(f"--runs must be at least 1, got {runs}")
 
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+    # Without PYTHONDONTWRITEBYTECODE, so the warm-up writes the bytecode caches an installed
+    # wheel has (pip compiles at install): otherwise every run compiles deferq from source.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONSTARTUP", "PYTHONDONTWRITEBYTECODE")}
     with tempfile.TemporaryDirectory(prefix="deferq-bench-import-") as scratch:
         make_store(os.path.join(scratch, "store"))
         cases = commands("store")
