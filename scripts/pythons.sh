@@ -18,7 +18,7 @@ find_python() {
     if [[ "$spec" == *+ ]]; then last=$((minor + 3)); fi
     for ((want = minor; want <= last; want++)); do
         local name="python$major.$want"
-        local pyenv_root="${PYENV_ROOT:-$HOME/.pyenv}"
+        local pyenv_root="${PYENV_ROOT:-${HOME:-}/.pyenv}"
         local candidates=()
         if command -v "$name" >/dev/null 2>&1; then candidates+=("$(command -v "$name")"); fi
         # newest patch release first
@@ -35,7 +35,7 @@ find_python() {
         done
     done
     echo "error: no Python $spec found: looked for python$major.$minor$([[ "$spec" == *+ ]] \
-&& echo " to python$major.$last") on PATH and under ${PYENV_ROOT:-$HOME/.pyenv}/versions" \
+&& echo " to python$major.$last") on PATH and under ${PYENV_ROOT:-${HOME:-}/.pyenv}/versions" \
 "(tried: ${tried[*]:-nothing}). Install one (e.g. 'pyenv install $major.$minor'), or run with" \
 "DEFERQ_PYTHONS= to check on the default python3 only." >&2
     return 1
