@@ -3,6 +3,7 @@
 Public names only; see spec/ for the format and guarantees, docs/ for usage.
 """
 
+from deferq._version import __version__
 from deferq._runtime.config import Config, DiskOptions
 from deferq._core.errors import (
     DeadTasksLockTimeout,
@@ -52,6 +53,6 @@ __all__ = [
     "TaskNotRegisteredError",
     "TaskRegistry",
     "UnloadableTaskError",
+    "__version__",
     "task",
 ]
-__version__ = "0.1.0"

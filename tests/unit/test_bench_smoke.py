@@ -1,17 +1,21 @@
-"""Smoke test of the storage benchmark (benchmarks/bench_storage.py, issue #6).
+"""Smoke tests of the benchmarks (bench_storage.py of issue #6, bench_floors.py, bench_import.py).
 
-Goal: the benchmark cannot rot: it still runs every workload against the current API and
+Goal: a benchmark cannot rot: it still runs every workload against the current API and
 reports every row with positive numbers. Method: run it as a command with ``--smoke`` (tiny
 sizes, a few seconds) into a temporary JSON file and scratch directory, then check the one
 JSON line it appended: every row of the issue is there, each with positive per-repetition
 times for deferq and both baselines, positive ratios and a verdict; the memory rows have
-positive peaks. The numbers themselves are not judged (tiny sizes on a busy machine).
+positive peaks. The import benchmark's rows (bare python, two imports, an operator
+command) each have positive times and list the deferq modules loaded, none a harness.
+The numbers themselves are not judged (tiny sizes on a busy machine).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +117,46 @@ def test_floor_study_reports_every_missed_row_with_its_floor(tmp_path: Path) -> 
         assert study["verdict"] in ("meets", "misses", "below the floor"), study["verdict"]
         assert study["label"] in done.stdout
     assert not list(tmp_path.glob("deferq-bench-*")), "the scratch directory was left behind"
+
+
+IMPORTS = REPO / "benchmarks" / "bench_import.py"
+IMPORT_COMMANDS = ['python -c "pass"', 'python -c "import deferq"',
+                   'python -c "import deferq._cli"', "python -m deferq stats --path P"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_import_benchmark_times_each_command_against_bare_python(tmp_path: Path) -> None:
+    """bench_import.py --smoke: the baseline and the three deferq commands, each with its
+    samples, a positive median and ratio, the deferq modules it loaded (none for the baseline,
+    the package for the others) and no harness module."""
+    done = subprocess.run(
+        [sys.executable, str(IMPORTS), "--smoke", "--json-out", str(tmp_path / "import.jsonl")],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "import.jsonl").read_text(encoding="utf-8"))
+    assert record["kind"] == "import" and record["mode"] == "smoke" and record["runs"] == 3
+    rows = record["rows"]
+    assert [row["command"] for row in rows] == IMPORT_COMMANDS
+    for row in rows:
+        assert len(row["samples_s"]) == 3 and all(positive(s) for s in row["samples_s"]), row
+        assert positive(row["median_s"]) and positive(row["ratio"]), row
+        assert row["harness_modules"] == [], row
+        assert row["command"] in done.stdout
+    assert rows[0]["deferq_modules"] == [] and rows[0]["ratio"] == 1.0
+    for row in rows[1:]:
+        assert "deferq" in row["deferq_modules"], row
+    assert "deferq._cli.ops" in rows[3]["deferq_modules"]
+
+
+def test_import_benchmark_sees_a_harness_module_when_one_is_loaded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its module list must be able to show a harness module: load one on purpose.
+    spec = importlib.util.spec_from_file_location("bench_import", IMPORTS)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_import", bench)  # its dataclass looks itself up
+    spec.loader.exec_module(bench)
+    loaded = bench.deferq_modules(["-c", "import deferq.crashtest"], str(tmp_path),
+                                  dict(os.environ))
+    assert "deferq.crashtest" in loaded
