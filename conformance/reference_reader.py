@@ -36,7 +36,6 @@ import os
 import stat
 import sys
 import zlib
-from typing import Any
 
 LINE_BYTES_MAX = 8_388_608
 TASK_ID_BYTES_MAX = 256
@@ -167,7 +166,7 @@ def read_file(path: bytes) -> bytes | None:
         return None
 
 
-def read_wal(directory: bytes, prefix: bytes, damage: dict[str, int]) -> list[dict[str, Any]]:
+def read_wal(directory: bytes, prefix: bytes, damage: dict[str, int]) -> list[dict[str, object]]:
     """W-15, R-@I, R-@J: apply every file's records in file order, files in name order."""
     pending: dict[str, bytes] = {}  # insertion order is the order of pending_tasks (W-7)
     for name in sorted(n for n in os.listdir(directory) if is_wal_name(n, prefix)):
@@ -187,7 +186,7 @@ def read_wal(directory: bytes, prefix: bytes, damage: dict[str, int]) -> list[di
                 pending[task_id] = add_body  # R-@J: a dict keeps the first insertion's place
             else:
                 pending.pop(task_id, None)  # R-@I: a rem of a task that is not pending is a no-op
-    tasks = []
+    tasks: list[dict[str, object]] = []
     for task_id, body in pending.items():
         when = body.split(b":", 3)[2]
         tasks.append({"id": task_id, "publish_at": None if when == b"0" else int(when),
@@ -199,50 +198,56 @@ class _NotJson(ValueError):
     pass
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """F-11: no duplicate key; with none, the dict keeps the keys in the file's order."""
     keys = [k for k, _ in pairs]
     if len(set(keys)) != len(keys):
         raise _NotJson("duplicate key")
-    return {"__keys__": keys, **dict(pairs)}
+    return dict(pairs)
 
 
-def _refuse(text: str) -> Any:
+def _refuse(text: str) -> object:
+    """F-11: a number with a fraction or an exponent (or NaN/Infinity) is not an int."""
     raise _NotJson(text)
 
 
-def decode_dead(task_id: str, payload: bytes) -> dict[str, Any] | None:
-    """F-11: the JSON object, or None (R-@G)."""
+def decode_dead(task_id: str, payload: bytes) -> dict[str, object] | None:
+    """F-11 and F-12's limits: the JSON object, or None (R-@G)."""
     try:
-        obj = json.loads(payload.decode("utf-8"), object_pairs_hook=_pairs,
-                         parse_float=_refuse, parse_constant=_refuse)
+        obj: object = json.loads(payload.decode("utf-8"), object_pairs_hook=_pairs,
+                                 parse_float=_refuse, parse_constant=_refuse)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(obj, dict) or tuple(obj.pop("__keys__")) != DEAD_KEYS:
+    if not isinstance(obj, dict) or tuple(obj) != DEAD_KEYS:
         return None
-    types = (str, str, int, int, int, str, str, list, str)
-    for key, kind in zip(DEAD_KEYS, types):
-        value = obj[key]
-        if not isinstance(value, kind) or isinstance(value, bool):
-            return None
-    if obj["id"] != task_id or any(obj[k] < 0 for k in ("attempts", "enqueued_at", "failed_at")):
+    texts = [obj[k] for k in ("id", "task_class", "exception_class", "exception_message",
+                              "context")]
+    numbers = [obj[k] for k in ("attempts", "enqueued_at", "failed_at")]
+    frames = obj["backtrace"]
+    if (not all(isinstance(v, str) for v in texts)
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                       for v in numbers)
+            or not isinstance(frames, list) or not all(isinstance(f, str) for f in frames)):
+        return None
+    line_id, task_class, exception_class, message, context_text = (str(v) for v in texts)
+    if line_id != task_id:
         return None
     try:
-        class_bytes = len(obj["task_class"].encode("utf-8"))
+        class_bytes = len(task_class.encode("utf-8"))
     except UnicodeEncodeError:
         return None
-    context = canonical_b64(obj["context"].encode("utf-8"))
-    frames = obj["backtrace"]
+    context = canonical_b64(context_text.encode("utf-8"))
     if (not 1 <= class_bytes <= TASK_CLASS_BYTES_MAX
-            or len(obj["exception_class"]) > EXCEPTION_CLASS_CHARS_MAX
-            or len(obj["exception_message"]) > EXCEPTION_MESSAGE_CHARS_MAX
+            or len(exception_class) > EXCEPTION_CLASS_CHARS_MAX
+            or len(message) > EXCEPTION_MESSAGE_CHARS_MAX
             or len(frames) > BACKTRACE_FRAMES_MAX
-            or not all(isinstance(f, str) and len(f) <= BACKTRACE_FRAME_CHARS_MAX for f in frames)
+            or any(len(str(f)) > BACKTRACE_FRAME_CHARS_MAX for f in frames)
             or context is None or len(context) > CONTEXT_BYTES_MAX):
         return None
     return obj
 
 
-def read_dead(directory: bytes, prefix: bytes, damage: dict[str, int]) -> list[dict[str, Any]]:
+def read_dead(directory: bytes, prefix: bytes, damage: dict[str, int]) -> list[dict[str, object]]:
     """S-6: newest first, each id once at its latest record with a valid frame (R-@H, R-@G)."""
     data = read_file(os.path.join(directory, prefix + b"dead_tasks-0"))
     if data is None:
@@ -256,7 +261,7 @@ def read_dead(directory: bytes, prefix: bytes, damage: dict[str, int]) -> list[d
         if record is not None:
             records.append(record)
     seen: set[str] = set()
-    out = []
+    out: list[dict[str, object]] = []
     for task_id, payload in reversed(records):
         if task_id in seen:
             continue  # R-@H: an older record of an id already met is never decoded
