@@ -3,8 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-echo "== mypy --strict (src and tests)"
-.venv/bin/mypy --strict src tests
+echo "== mypy --strict (src, tests and the conformance tools)"
+.venv/bin/mypy --strict src tests conformance
 echo "== CrossHair contracts on the pure core"
 bash scripts/crosshair.sh
 echo "== pytest"
