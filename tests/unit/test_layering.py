@@ -30,11 +30,12 @@ LAYERS = ("deferq._core", "deferq._engine", "deferq.backends", "deferq._runtime"
           "deferq.testing", "deferq._cli")
 # Tools around the library: they may import any of it; the library never imports them,
 # except that the CLI modules named in LAZY_TOOL_IMPORTS load them inside a handler.
-TOOLS = ("deferq.crashtest", "deferq.powertest", "deferq._demos")
+TOOLS = ("deferq.crashtest", "deferq.powertest", "deferq._demos", "deferq.conformance")
 LAZY_TOOL_IMPORTS = {
     "deferq._cli.crash": "deferq.crashtest",
     "deferq._cli.power": "deferq.powertest",
     "deferq._cli.demos": "deferq._demos",
+    "deferq._cli.conformance": "deferq.conformance",
 }
 # Modules that reach the world: the pure core imports none of them, the engine only
 # through its one OS adapter.

@@ -3,7 +3,7 @@
 ``demo`` walks through a Disk backend, printing what happens and the files on
 disk; ``queue-demo`` runs a small service; ``dead``/``pending``/``verify``/
 ``stats`` are the operator tools; ``crash-test`` and ``power-test`` run the crash
-suites against the installed engine.
+suites against the installed engine; ``conformance`` checks any reader against the corpus.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from deferq import __version__
-from deferq._cli import crash, demos, ops, power
+from deferq._cli import conformance, crash, demos, ops, power
 from deferq._cli.output import print_json, safe
 from deferq._cli.parser import Parser
 from deferq._cli.store import CommandError
@@ -45,7 +45,8 @@ def build_parser() -> Parser:
     parser.add_argument("--prefix", default=argparse.SUPPRESS,
                         help="file name prefix (default: $DEFERQ_PREFIX, else deferred-)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in (demos.register, ops.register, crash.register, power.register):
+    for register in (demos.register, ops.register, crash.register, power.register,
+                     conformance.register):
         register(sub)
     return parser
 
