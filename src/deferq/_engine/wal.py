@@ -1,5 +1,9 @@
 """The tasks WAL: one append-only file per worker process (spec/wal.md).
 
+This module holds ``TasksWal``: opening (replay and adoption), the append path, rotation and
+closing. Its other jobs are its parts (``walbase`` says why they are mixins): the files
+(``walfiles``), the space records go into (``walspace``) and durability (``walsync``).
+
 Theory of operation. At open, a worker claims every WAL file of its prefix
 that no live process holds (LOCK_EX | LOCK_NB, W-2): orphans of dead workers.
 It replays them in name order and writes the pending tasks into a fresh file
@@ -32,47 +36,35 @@ fsync is in flight, since they close the file it runs on.
 
 from __future__ import annotations
 
-import enum
-import errno
 import logging
 import threading
 from typing import Final
 
-from deferq._engine.env import Env, MappedWindow, OpenFlag
-from deferq._core.errors import StorageBrokenError, StorageClosedError
+from deferq._core.errors import StorageBrokenError
+from deferq._core.fastreplay import FastWalReplay
 from deferq._core.format import (
-    BadLine,
     WalAdd,
     check_task_id,
     decode_wal_line,
     encode_add,
     encode_rem,
-    is_wal_file_name,
-    wal_file_name,
 )
-from deferq._engine.ids import id_source
-from deferq._engine.io import chunks_forward, join, records_end, write_all
 from deferq._core.limits import (
-    FILE_MODE,
     WAL_SIZE_INCREASE_RATIO,
     WAL_SIZE_LIMIT_BYTES,
-    WRITE_BATCH_BYTES,
 )
-from deferq._core.fastreplay import FastWalReplay
 from deferq._core.recovery import WalReplay, live_fields
 from deferq._core.types import PendingTask
+from deferq._engine.env import Env, MappedWindow
+from deferq._engine.ids import id_source
+from deferq._engine.io import chunks_forward, join, records_end
+from deferq._engine.walbase import OPEN, WalState
+from deferq._engine.walfiles import WalFiles
+from deferq._engine.walspace import WalSpace
+from deferq._engine.walsync import WalSync
 
 log = logging.getLogger("deferq")
 
-_RW_APPEND: Final = OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND
-# A worker's own file is written at its descriptor's offset, not with O_APPEND: the file
-# is longer than its records by the space reserved ahead of them (W-25).
-_RW: Final = OpenFlag.READ | OpenFlag.WRITE
-# allocate() errors meaning "this filesystem cannot reserve": stop trying (W-25).
-_NO_RESERVE_ERRNOS: Final = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS,
-                                       errno.EINVAL})
-_NEVER: Final = 1 << 62  # a reserved end no record reaches: reserving is off
-_CREATE_ATTEMPTS_MAX: Final = 16
 
 
 def _limit_after_copy(size: int) -> int:
@@ -83,17 +75,15 @@ def _limit_after_copy(size: int) -> int:
     return limit
 
 
-class WalState(enum.Enum):
-    OPEN = "open"
-    BROKEN = "broken"
-    CLOSED = "closed"
+_OPEN: Final = OPEN  # a module global: one lookup on the hot path
 
 
-_OPEN: Final = WalState.OPEN  # one global lookup on the hot path instead of two
+class TasksWal(WalFiles, WalSpace, WalSync):
+    """One worker's write-ahead log of pending tasks. Thread-safe.
 
-
-class TasksWal:
-    """One worker's write-ahead log of pending tasks. Thread-safe."""
+    Its parts: ``WalFiles`` (files), ``WalSpace`` (where records go), ``WalSync``
+    (durability); this class opens the WAL, appends and removes records, rotates, and closes.
+    """
 
     def __init__(self, env: Env, path: str, prefix: str, fsync_frequency_s: float) -> None:
         self._env = env
@@ -151,62 +141,6 @@ class TasksWal:
 
     # ------------------------------------------------------------------ opening
 
-    def _claim_orphans(self) -> list[tuple[str, int]]:
-        """Lock every WAL file no live process holds (W-2), sorted by name."""
-        env = self._env
-        names = sorted(n for n in env.listdir(self._path) if is_wal_file_name(self._prefix, n))
-        claimed: list[tuple[str, int]] = []
-        try:
-            for name in names:
-                try:
-                    fd = env.open(join(self._path, name), _RW_APPEND)
-                except FileNotFoundError:
-                    continue  # Unlinked by its owner (rotation or merge) since listdir.
-                # Implements W-2: a file unlinked between open and flock is a ghost; skip it.
-                if env.flock_exclusive_nb(fd) and env.fstat(fd).links > 0:
-                    claimed.append((name, fd))
-                else:
-                    env.close(fd)
-        except BaseException:
-            self._close_fds([fd for _, fd in claimed])
-            raise
-        return claimed
-
-    def _create_file(self) -> tuple[str, int]:
-        """Create, lock and make durable the name of a new WAL file (W-1)."""
-        env = self._env
-        for _ in range(_CREATE_ATTEMPTS_MAX):
-            name = wal_file_name(self._prefix, env.local_date(), self._pid, env.random_u32())
-            try:
-                fd = env.open(join(self._path, name), _RW | OpenFlag.CREATE
-                              | OpenFlag.EXCLUSIVE, FILE_MODE)
-            except FileExistsError:
-                continue
-            try:
-                taken = env.flock_exclusive_nb(fd) and env.fstat(fd).links > 0
-                if taken:
-                    env.fsync_dir(self._path)
-            except BaseException as exc:
-                # Cleanup failures are logged, never raised: they must not hide the original
-                # error, least of all a failed fsync that must fail-stop (W-12).
-                self._close_fds([fd])
-                try:
-                    self._unlink_quietly(name)
-                except OSError:
-                    log.warning("could not unlink abandoned WAL file %s", name, exc_info=True)
-                if isinstance(exc, OSError):
-                    # A failed fsync is never retried (W-12), not even by a later rotation.
-                    raise StorageBrokenError(f"could not make new WAL file {name} durable") from exc
-                raise
-            if not taken:
-                # A booting worker listed and claimed the file between our create and our
-                # flock (W-2): it is that worker's file now (or it merged and unlinked it),
-                # so never unlink it and never write to it; use another name.
-                env.close(fd)
-                continue
-            return name, fd
-        raise FileExistsError(f"could not pick an unused WAL file name in {self._path}")
-
     def _replay(self, claimed: list[tuple[str, int]]) -> WalReplay:
         """Replay every claimed file in name order (W-3, W-15, R-@A..R-@L), on the fast path (W-16)."""
         replay = FastWalReplay()
@@ -237,68 +171,6 @@ class TasksWal:
             self._close_fds([fd])
             raise
         return name, fd
-
-    def _write_fresh_copy(self) -> tuple[str, int]:
-        """Implements W-10's first steps (shared with W-3): a new file holding every pending task.
-
-        Creates the file (W-1), writes the seed marker (W-5) and every pending
-        task's ``add`` line, and fsyncs it. Raises ``StorageBrokenError`` when the
-        WAL must fail-stop; any other ``OSError`` means the copy was durably
-        discarded (``_discard_copy``) and the old files are still the WAL.
-        """
-        env = self._env
-        name, fd = self._create_file()
-        try:
-            # Implements W-5: a marker carrying the current seed keeps ids issued before
-            # the copy (whose records the old files take with them) from being reissued.
-            write_all(env, fd, encode_rem(f"{self._ids.current_seed()}-{self._pid}-0"))
-            batch: list[bytes] = []
-            batch_bytes = 0
-            for line in self._live.values():
-                batch.append(line)
-                batch_bytes += len(line)
-                if batch_bytes >= WRITE_BATCH_BYTES:
-                    write_all(env, fd, b"".join(batch))
-                    batch, batch_bytes = [], 0
-            if batch:
-                write_all(env, fd, b"".join(batch))
-            env.fsync(fd)
-        except OSError as exc:
-            log.warning("could not copy the pending tasks to a new WAL file", exc_info=True)
-            self._discard_copy(name, fd, exc)
-            raise
-        return name, fd
-
-    def _retire(self, files: list[tuple[str, int]]) -> None:
-        """Implements the last steps of W-4 and W-10: unlink while locked, fsync the directory, close.
-
-        A retired file that survived beside the fresh copy could undo removals
-        recorded from now on (D-3), so a failed unlink or directory fsync makes
-        the WAL broken (W-12); a restart adopts the files left behind safely.
-        """
-        try:
-            for name, _ in files:
-                self._unlink_quietly(name)
-            self._env.fsync_dir(self._path)
-        except OSError as exc:
-            self._state = WalState.BROKEN
-            names = ", ".join(name for name, _ in files)
-            raise StorageBrokenError(f"could not durably unlink retired WAL file(s) {names}") from exc
-        finally:
-            self._close_fds([fd for _, fd in files])
-
-    def _unlink_quietly(self, name: str) -> None:
-        try:
-            self._env.unlink(join(self._path, name))
-        except FileNotFoundError:
-            pass
-
-    def _close_fds(self, fds: list[int]) -> None:
-        for fd in fds:
-            try:
-                self._env.close(fd)
-            except OSError:
-                log.warning("closing a WAL file descriptor failed", exc_info=True)
 
     # ------------------------------------------------------------------ operations
 
@@ -477,172 +349,6 @@ class TasksWal:
             for task_id, line in self._live.items():
                 record = decode_wal_line(line[:-1])
                 assert isinstance(record, WalAdd) and record.task_id == task_id
-
-    # ------------------------------------------------------------------ internals
-
-    def _check_usable(self) -> None:
-        if self._state is WalState.CLOSED:
-            raise StorageClosedError("the Disk backend is closed")
-        if self._state is WalState.BROKEN:
-            raise StorageBrokenError(
-                "the tasks WAL failed to write or fsync earlier and refuses work; restart the worker")
-        if self._env.getpid() != self._pid:
-            raise RuntimeError(
-                f"this Disk was opened by process {self._pid}; a forked child must open its own")
-
-    def _write_line(self, line: bytes) -> None:
-        """Write ``line`` at the end of the records with ``write`` (no mapped window, W-26)."""
-        if self._offset_stale:  # records were stored through a window since the last write
-            self._env.seek(self._fd, self._size)
-            self._offset_stale = False
-        done = self._write(self._fd, line)
-        if done != len(line):
-            self._write_rest(line, done)
-
-    def _write_rest(self, line: bytes, done: int) -> None:
-        """A short write of ``line`` (``done`` bytes went out): write the rest (A-6)."""
-        if done <= 0:
-            raise OSError(f"write returned {done} with {len(line)} bytes left")
-        write_all(self._env, self._fd, line[done:])
-
-    def _unmap(self) -> None:
-        """Release the mapped window, if any (W-26); its stores stay in the file."""
-        window = self._window
-        if window is not None:
-            self._window = None
-            window.close()
-
-    def _reserve(self, size: int) -> None:
-        """Implements W-25: reserve space past the records before a write would pass its end.
-
-        ``Env.reserve_bytes`` (``WAL_RESERVE_BYTES`` on the real OS), and at least the
-        ``size`` of the record about to be written, from the end of the records.
-        Reserving only saves fsync work: when it fails the write goes ahead and grows
-        the file as an append would (a full disk then fails the write itself, W-13);
-        a filesystem that cannot reserve is not asked again.
-        """
-        length = max(self._reserve_step, size)
-        self._unmap()
-        try:
-            self._env.allocate(self._fd, self._size, length)
-        except OSError as exc:
-            if exc.errno in _NO_RESERVE_ERRNOS:
-                self._reserved = _NEVER
-            return
-        self._reserved = self._size + length
-        if self._mapping:
-            self._map_reserved()
-
-    def _map_reserved(self) -> None:
-        """Implements W-26: map the reserved space, from the page the records end in.
-
-        A filesystem or a process that cannot map (``OSError``) makes this WAL write
-        its records with ``write`` from then on: mapping only saves system calls.
-        """
-        base = self._size - self._size % self._env.map_granularity
-        try:
-            self._window = self._env.map_shared(self._fd, base, self._reserved - base)
-        except OSError:
-            log.info("mapping the tasks WAL failed; writing its records instead", exc_info=True)
-            self._mapping = False
-            return
-        self._base = base
-        self._offset_stale = True
-
-    def _cut_back(self) -> None:
-        """Implements W-13: a write failed; cut its partial line back off, or fail-stop.
-
-        Called from the ``except OSError`` of an append, which re-raises the error.
-        The cut drops the reserved space too (W-25), and the descriptor's offset is
-        moved back to the end of the records, where the next write must go.
-        """
-        try:
-            self._unmap()  # a store past the cut would be past the file's end (SIGBUS)
-            self._env.ftruncate(self._fd, self._size)
-            if self._reserved != _NEVER:
-                self._reserved = self._size
-            self._env.seek(self._fd, self._size)
-            self._offset_stale = False
-        except OSError as exc:
-            self._state = WalState.BROKEN
-            raise StorageBrokenError("a WAL write failed and its partial line could not be"
-                                     " cut off") from exc
-
-    def _sync_locked(self) -> None:
-        """Make every record written so far durable (W-8); the mutex is held (see W-21)."""
-        self._sync_through_locked(self._written)
-
-    def _sync_through_locked(self, ticket: int) -> None:
-        """Implements W-21 (group commit): join the fsync in flight or lead the next one.
-
-        The mutex is held on entry and on return, but not while an fsync runs: a
-        follower waits on ``_synced`` (which releases it), a leader releases it
-        around its fsync. An fsync in flight may have begun before this ticket's
-        record was written, so waiting for it is never enough by itself: the loop
-        ends only when ``_durable`` covers the ticket.
-        """
-        while self._durable < ticket:
-            if self._state is not WalState.OPEN:
-                if self._sync_failed:
-                    raise StorageBrokenError(
-                        "fsync of the tasks WAL failed before this write was durable; the "
-                        "backend stops")
-                self._check_usable()
-            if self._syncing:
-                self._synced.wait()
-            else:
-                self._lead_fsync()
-
-    def _lead_fsync(self) -> None:
-        """Implements W-20, W-21 and W-12: one fsync covering every record written before it began.
-
-        The target is read, with the descriptor, under the mutex before the fsync
-        starts; records appended while it runs get a later ticket and need the
-        next fsync. A failed fsync is never retried: the WAL is broken and every
-        ticket it did not already cover fails (W-22).
-        """
-        target, fd = self._written, self._fd
-        failure: OSError | None = None
-        self._syncing = True
-        self._mutex.release()
-        try:
-            self._env.fsync(fd)
-        except OSError as exc:
-            failure = exc
-        finally:
-            self._mutex.acquire()
-            self._syncing = False
-            self._synced.notify_all()
-        if failure is not None:
-            # Implements W-12: never retry; the unsynced pages may already be gone.
-            self._state = WalState.BROKEN
-            self._sync_failed = True
-            raise StorageBrokenError("fsync of the tasks WAL failed; the backend stops") from failure
-        if target > self._durable:
-            self._durable = target
-        self._sync_due_s = self._env.monotonic() + self._fsync_frequency_s
-
-    def _discard_copy(self, name: str, fd: int, cause: OSError) -> None:
-        """Implements W-10 (and W-3): durably unlink a failed copy, or fail-stop.
-
-        The copy holds ``add`` records of tasks that this WAL may remove from now
-        on; if it survived (a failed unlink, or an unlink a power loss undoes),
-        a restart would merge it after the old file and bring those tasks back
-        (D-3). So it is unlinked while still locked and the directory fsynced;
-        if either fails the WAL is broken, and the copy stays locked until
-        ``close`` so no booting worker adopts it beside this live one.
-        """
-        try:
-            self._unlink_quietly(name)
-            self._env.fsync_dir(self._path)
-        except OSError as exc:
-            self._held_fds.append(fd)
-            self._state = WalState.BROKEN
-            raise StorageBrokenError(
-                f"copying the pending tasks failed ({cause}) and the copy {name} could not be"
-                " durably removed"
-            ) from exc
-        self._close_fds([fd])
 
     def _rotate(self) -> None:
         """Implements W-9 and W-10: copy live tasks to a new file, then drop the old one."""

@@ -1,0 +1,174 @@
+"""The tasks WAL's files: claim orphans, create a file, write a fresh copy, retire or discard
+(spec/wal.md W-1..W-4, W-10).
+
+Rules: a new file's name is durable (directory fsync) before any record goes into it (W-1);
+an orphan is claimed with ``LOCK_EX | LOCK_NB`` and skipped if it was unlinked meanwhile
+(W-2); a fresh copy holds the seed marker and every live task and is fsynced before the
+files it replaces are unlinked, still locked, and the directory fsynced (W-3, W-4, W-10); a
+copy that failed is durably unlinked or the WAL fail-stops (W-10). Cleanup failures are
+logged, never raised over the original error. Part of ``TasksWal`` (see ``walbase``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from deferq._core.errors import StorageBrokenError
+from deferq._core.format import encode_rem, is_wal_file_name, wal_file_name
+from deferq._core.limits import FILE_MODE, WRITE_BATCH_BYTES
+from deferq._engine.env import OpenFlag
+from deferq._engine.io import join, write_all
+from deferq._engine.walbase import WalBase, WalState
+
+log = logging.getLogger("deferq")
+
+_RW_APPEND: Final = OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND
+# A worker's own file is written at its descriptor's offset, not with O_APPEND: the file
+# is longer than its records by the space reserved ahead of them (W-25).
+RW: Final = OpenFlag.READ | OpenFlag.WRITE
+_CREATE_ATTEMPTS_MAX: Final = 16
+
+
+class WalFiles(WalBase):
+    """Creating, claiming, copying and retiring WAL files."""
+
+    def _claim_orphans(self) -> list[tuple[str, int]]:
+        """Lock every WAL file no live process holds (W-2), sorted by name."""
+        env = self._env
+        names = sorted(n for n in env.listdir(self._path) if is_wal_file_name(self._prefix, n))
+        claimed: list[tuple[str, int]] = []
+        try:
+            for name in names:
+                try:
+                    fd = env.open(join(self._path, name), _RW_APPEND)
+                except FileNotFoundError:
+                    continue  # Unlinked by its owner (rotation or merge) since listdir.
+                # Implements W-2: a file unlinked between open and flock is a ghost; skip it.
+                if env.flock_exclusive_nb(fd) and env.fstat(fd).links > 0:
+                    claimed.append((name, fd))
+                else:
+                    env.close(fd)
+        except BaseException:
+            self._close_fds([fd for _, fd in claimed])
+            raise
+        return claimed
+
+    def _create_file(self) -> tuple[str, int]:
+        """Create, lock and make durable the name of a new WAL file (W-1)."""
+        env = self._env
+        for _ in range(_CREATE_ATTEMPTS_MAX):
+            name = wal_file_name(self._prefix, env.local_date(), self._pid, env.random_u32())
+            try:
+                fd = env.open(join(self._path, name), RW | OpenFlag.CREATE
+                              | OpenFlag.EXCLUSIVE, FILE_MODE)
+            except FileExistsError:
+                continue
+            try:
+                taken = env.flock_exclusive_nb(fd) and env.fstat(fd).links > 0
+                if taken:
+                    env.fsync_dir(self._path)
+            except BaseException as exc:
+                # Cleanup failures are logged, never raised: they must not hide the original
+                # error, least of all a failed fsync that must fail-stop (W-12).
+                self._close_fds([fd])
+                try:
+                    self._unlink_quietly(name)
+                except OSError:
+                    log.warning("could not unlink abandoned WAL file %s", name, exc_info=True)
+                if isinstance(exc, OSError):
+                    # A failed fsync is never retried (W-12), not even by a later rotation.
+                    raise StorageBrokenError(f"could not make new WAL file {name} durable") from exc
+                raise
+            if not taken:
+                # A booting worker listed and claimed the file between our create and our
+                # flock (W-2): it is that worker's file now (or it merged and unlinked it),
+                # so never unlink it and never write to it; use another name.
+                env.close(fd)
+                continue
+            return name, fd
+        raise FileExistsError(f"could not pick an unused WAL file name in {self._path}")
+
+    def _write_fresh_copy(self) -> tuple[str, int]:
+        """Implements W-10's first steps (shared with W-3): a new file holding every pending task.
+
+        Creates the file (W-1), writes the seed marker (W-5) and every pending
+        task's ``add`` line, and fsyncs it. Raises ``StorageBrokenError`` when the
+        WAL must fail-stop; any other ``OSError`` means the copy was durably
+        discarded (``_discard_copy``) and the old files are still the WAL.
+        """
+        env = self._env
+        name, fd = self._create_file()
+        try:
+            # Implements W-5: a marker carrying the current seed keeps ids issued before
+            # the copy (whose records the old files take with them) from being reissued.
+            write_all(env, fd, encode_rem(f"{self._ids.current_seed()}-{self._pid}-0"))
+            batch: list[bytes] = []
+            batch_bytes = 0
+            for line in self._live.values():
+                batch.append(line)
+                batch_bytes += len(line)
+                if batch_bytes >= WRITE_BATCH_BYTES:
+                    write_all(env, fd, b"".join(batch))
+                    batch, batch_bytes = [], 0
+            if batch:
+                write_all(env, fd, b"".join(batch))
+            env.fsync(fd)
+        except OSError as exc:
+            log.warning("could not copy the pending tasks to a new WAL file", exc_info=True)
+            self._discard_copy(name, fd, exc)
+            raise
+        return name, fd
+
+    def _retire(self, files: list[tuple[str, int]]) -> None:
+        """Implements the last steps of W-4 and W-10: unlink while locked, fsync the directory, close.
+
+        A retired file that survived beside the fresh copy could undo removals
+        recorded from now on (D-3), so a failed unlink or directory fsync makes
+        the WAL broken (W-12); a restart adopts the files left behind safely.
+        """
+        try:
+            for name, _ in files:
+                self._unlink_quietly(name)
+            self._env.fsync_dir(self._path)
+        except OSError as exc:
+            self._state = WalState.BROKEN
+            names = ", ".join(name for name, _ in files)
+            raise StorageBrokenError(f"could not durably unlink retired WAL file(s) {names}") from exc
+        finally:
+            self._close_fds([fd for _, fd in files])
+
+    def _unlink_quietly(self, name: str) -> None:
+        try:
+            self._env.unlink(join(self._path, name))
+        except FileNotFoundError:
+            pass
+
+    def _close_fds(self, fds: list[int]) -> None:
+        for fd in fds:
+            try:
+                self._env.close(fd)
+            except OSError:
+                log.warning("closing a WAL file descriptor failed", exc_info=True)
+
+    def _discard_copy(self, name: str, fd: int, cause: OSError) -> None:
+        """Implements W-10 (and W-3): durably unlink a failed copy, or fail-stop.
+
+        The copy holds ``add`` records of tasks that this WAL may remove from now
+        on; if it survived (a failed unlink, or an unlink a power loss undoes),
+        a restart would merge it after the old file and bring those tasks back
+        (D-3). So it is unlinked while still locked and the directory fsynced;
+        if either fails the WAL is broken, and the copy stays locked until
+        ``close`` so no booting worker adopts it beside this live one.
+        """
+        try:
+            self._unlink_quietly(name)
+            self._env.fsync_dir(self._path)
+        except OSError as exc:
+            self._held_fds.append(fd)
+            self._state = WalState.BROKEN
+            raise StorageBrokenError(
+                f"copying the pending tasks failed ({cause}) and the copy {name} could not be"
+                " durably removed"
+            ) from exc
+        self._close_fds([fd])
