@@ -54,7 +54,7 @@ def _creator_pid(wal_file: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.spec("D-12", "W-2", "D-1")
+@pytest.mark.spec("D-12", "W-27", "D-1")
 def test_next_worker_adopts_killed_workers_wal_with_exactly_the_acknowledged_tasks(
         pool: WorkerPool) -> None:
     dead = pool.spawn(fsync_frequency=0)
@@ -72,7 +72,7 @@ def test_next_worker_adopts_killed_workers_wal_with_exactly_the_acknowledged_tas
 
 
 @pytest.mark.slow
-@pytest.mark.spec("W-2")
+@pytest.mark.spec("W-27")
 def test_live_workers_keep_their_own_files_and_only_a_dead_ones_is_adopted(
         pool: WorkerPool) -> None:
     worker_a = pool.spawn()
@@ -144,7 +144,7 @@ def test_torn_tail_of_worker_killed_mid_write_is_left_behind_and_later_records_s
 @pytest.mark.slow
 @pytest.mark.spec("W-3", "W-4")
 def test_files_of_several_dead_workers_are_merged_into_one(pool: WorkerPool) -> None:
-    # All three live at once, so each creates its own file (W-2).
+    # All three live at once, so each creates its own file (W-27).
     workers = [pool.spawn() for _ in range(3)]
     expected_by_file: dict[str, list[Task]] = {}
     for worker in workers:
@@ -172,11 +172,11 @@ def test_files_of_several_dead_workers_are_merged_into_one(pool: WorkerPool) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.spec("W-1", "W-2", "D-1")
+@pytest.mark.spec("W-1", "W-27", "D-1")
 def test_new_file_claimed_by_a_booting_worker_before_its_creator_locked_it_stays_live(
         pool: WorkerPool) -> None:
     # The creator stops between O_EXCL create and flock (W-1); a second worker boots in
-    # that window, finds the unlocked file and adopts it (W-2): it copies it to a fresh
+    # that window, finds the unlocked file and adopts it (W-27): it copies it to a fresh
     # file of its own and unlinks it (W-3, W-4). The creator's flock then succeeds on an
     # unlinked inode: it must leave that file alone and use another name.
     creator = pool.spawn(pause_before_new_file_lock=True, wait_ready=False)

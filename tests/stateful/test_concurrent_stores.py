@@ -2,7 +2,7 @@
 
 Goal: check that concurrent dead-task operations of several processes are
 serialized with nothing acknowledged lost (D-11, L-1), that WAL work and a worker
-booting (adopting an orphaned WAL, W-2, W-4) interleave safely with them, and that
+booting (adopting an orphaned WAL, W-27, W-4) interleave safely with them, and that
 what survives a crash in the middle of such an interleaving (a kill of the threads
 still running, or a power loss) is allowed by the model (D-1, D-3, D-4, D-7, D-9,
 D-12). Method: ``deferq.crashtest._scheduler.Scheduler`` runs two or three
@@ -100,7 +100,7 @@ class World:
             actor.in_flight = ("boot", None)
             actor.disk = Disk(path=PATH, env=actor.env, fsync_frequency=actor.frequency)
             adopted = pending_of(actor.disk)
-            # W-2, W-4: it adopts the orphan, and the WAL of any process killed before it
+            # W-27, W-4: it adopts the orphan, and the WAL of any process killed before it
             # claimed (whose file it then merged and unlinked), and nothing else.
             files = set(self.sim.listdir(PATH))
             gone = {"old"} | {a.name for a in self.actors if a.killed and a.disk is not None
@@ -245,7 +245,7 @@ def _prepare_orphan(world: World, env: SimEnv) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.spec("D-11", "L-1", "D-1", "D-3", "D-4", "D-7", "D-9", "D-12", "W-2", "W-4", "A-11")
+@pytest.mark.spec("D-11", "L-1", "D-1", "D-3", "D-4", "D-7", "D-9", "D-12", "W-27", "W-4", "A-11")
 @given(
     seed=st.integers(0, 2**16),
     plans=st.lists(st.lists(ops, min_size=1, max_size=6), min_size=2, max_size=3),
@@ -281,7 +281,7 @@ def run_concurrently(seed: int, plans: list[list[Op]], frequencies: list[float],
                      kill: tuple[int, int | str] | None, *, work_around: bool = True) -> None:
     """One concurrent run, then a crash and a checked recovery (see the module docstring)."""
     with pytest.MonkeyPatch.context() as patch:
-        # Small WALs rotate (W-9, W-10), so a booting worker can race a rotation (W-2).
+        # Small WALs rotate (W-9, W-10), so a booting worker can race a rotation (W-27).
         patch.setattr(_wal, "WAL_SIZE_LIMIT_BYTES", ROTATE_LIMIT)
         _run(seed, plans, frequencies, boot, choices, max_steps, power, kill, work_around)
 

@@ -255,7 +255,7 @@ def test_ids_issued_before_a_rotation_are_not_repeated_after_a_restart_with_the_
         assert disk.add_task(b"") != first
 
 
-# ----------------------------------------------------------------------------- W-1 / W-2
+# ----------------------------------------------------------------------------- W-1 / W-27
 
 
 @pytest.mark.spec("W-1", "F-1")
@@ -275,7 +275,7 @@ def test_a_new_wal_file_is_exclusive_locked_and_its_directory_fsynced_before_the
         assert env.index("write", wal) > durable
 
 
-@pytest.mark.spec("W-2")
+@pytest.mark.spec("W-27")
 def test_a_second_disk_creates_its_own_file_while_the_first_is_open_and_adopts_after_close(
         storage: Path) -> None:
     first = open_disk(storage)
@@ -322,7 +322,7 @@ def only_fresh_copy(storage: Path, adopted: list[Path]) -> Path:
     return fresh
 
 
-@pytest.mark.spec("W-2", "W-3", "W-4", "W-5")
+@pytest.mark.spec("W-27", "W-3", "W-4", "W-5")
 def test_orphans_are_copied_in_name_order_to_a_fresh_fsynced_file_and_only_then_unlinked(
         storage: Path) -> None:
     (first, first_ids), (other, other_ids) = make_orphans(storage, 2)
@@ -365,7 +365,7 @@ class UnlinkBeforeLockEnv(RecordingEnv):
         return super().flock_exclusive_nb(fd)
 
 
-@pytest.mark.spec("W-2")
+@pytest.mark.spec("W-27")
 def test_a_file_unlinked_between_open_and_lock_is_skipped(storage: Path) -> None:
     (ghost, _), (kept, kept_ids) = make_orphans(storage, 2)
     env = UnlinkBeforeLockEnv(ghost)
@@ -443,7 +443,7 @@ def test_an_adopted_file_is_copied_and_the_copy_fsynced_before_open_returns(stor
         assert env.index("write", fresh, start=opened) >= opened
 
 
-@pytest.mark.spec("W-15", "W-2", "R-@J", "R-@I")
+@pytest.mark.spec("W-15", "W-27", "R-@J", "R-@I")
 @pytest.mark.parametrize("merged_record,expected", [
     (encode_add("dup", None, b"merged"), [("dup", b"merged"), ("x", b"x"), ("y", b"y")]),
     (encode_rem("dup"), [("x", b"x"), ("y", b"y")]),

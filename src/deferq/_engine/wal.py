@@ -5,7 +5,7 @@ closing. Its other jobs are its parts (``walbase`` says why they are mixins): th
 (``walfiles``), the space records go into (``walspace``) and durability (``walsync``).
 
 Theory of operation. At open, a worker claims every WAL file of its prefix
-that no live process holds (LOCK_EX | LOCK_NB, W-2): orphans of dead workers.
+that no live process holds (LOCK_EX | LOCK_NB, W-27): orphans of dead workers.
 It replays them in name order and writes the pending tasks into a fresh file
 of its own, fsyncs it, and only then unlinks the claimed files, still locked,
 and fsyncs the directory (W-3, W-4): an adopted file is never appended to, nor

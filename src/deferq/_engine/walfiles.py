@@ -3,7 +3,7 @@
 
 Rules: a new file's name is durable (directory fsync) before any record goes into it (W-1);
 an orphan is claimed with ``LOCK_EX | LOCK_NB`` and skipped if it was unlinked meanwhile
-(W-2); a fresh copy holds the seed marker and every live task and is fsynced before the
+(W-27); a fresh copy holds the seed marker and every live task and is fsynced before the
 files it replaces are unlinked, still locked, and the directory fsynced (W-3, W-4, W-10); a
 copy that failed is durably unlinked or the WAL fail-stops (W-10). Cleanup failures are
 logged, never raised over the original error. Part of ``TasksWal`` (see ``walbase``).
@@ -34,7 +34,7 @@ class WalFiles(WalBase):
     """Creating, claiming, copying and retiring WAL files."""
 
     def _claim_orphans(self) -> list[tuple[str, int]]:
-        """Lock every WAL file no live process holds (W-2), sorted by name."""
+        """Lock every WAL file no live process holds (W-27), sorted by name."""
         env = self._env
         names = sorted(n for n in env.listdir(self._path) if is_wal_file_name(self._prefix, n))
         claimed: list[tuple[str, int]] = []
@@ -44,7 +44,7 @@ class WalFiles(WalBase):
                     fd = env.open(join(self._path, name), _RW_APPEND)
                 except FileNotFoundError:
                     continue  # Unlinked by its owner (rotation or merge) since listdir.
-                # Implements W-2: a file unlinked between open and flock is a ghost; skip it.
+                # Implements W-27: a file unlinked between open and flock is a ghost; skip it.
                 if env.flock_exclusive_nb(fd) and env.fstat(fd).links > 0:
                     claimed.append((name, fd))
                 else:
@@ -82,7 +82,7 @@ class WalFiles(WalBase):
                 raise
             if not taken:
                 # A booting worker listed and claimed the file between our create and our
-                # flock (W-2): it is that worker's file now (or it merged and unlinked it),
+                # flock (W-27): it is that worker's file now (or it merged and unlinked it),
                 # so never unlink it and never write to it; use another name.
                 env.close(fd)
                 continue

@@ -3,7 +3,7 @@
 Rules: it never writes to DIRECTORY. Opening a ``Disk`` adopts the WAL files (it merges
 them into a fresh file and unlinks them) and creates the dead-task files, so the pending
 and dead tasks come from a ``Disk`` opened on a private copy of the directory: that is the
-engine's real recovery path (W-2, W-3, W-15, S-6), not a re-implementation of it. The
+engine's real recovery path (W-27, W-3, W-15, S-6), not a re-implementation of it. The
 per-label damage counts, which a ``Disk`` only logs as totals, come from the engine's
 read-only line classification run on DIRECTORY itself (``verify_file`` for WAL files, the
 recovery table's ``line_body`` and the codec for the dead-task data file); the R-@G count

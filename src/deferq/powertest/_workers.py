@@ -1,7 +1,7 @@
 """Worker and operator processes: real OS processes that use ``Disk`` on the mounted image.
 
 Theory of operation. The harness forks one process per role. Each child opens
-its own ``Disk`` (adopting orphaned WALs, W-2..W-4) and then works until it is
+its own ``Disk`` (adopting orphaned WALs, W-27..W-4) and then works until it is
 killed, reporting over its own pipe to the harness, which holds the log in
 memory outside the image (a pipe survives both SIGKILL and the power cut):
 
