@@ -7,8 +7,11 @@ first, so a bad argument changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from deferq._core.errors import LimitExceededError
-from deferq._core.limits import CONTEXT_BYTES_MAX
+from deferq._core.format import check_task_id
+from deferq._core.limits import CONTEXT_BYTES_MAX, TASK_CLASS_BYTES_MAX
 
 
 def check_context(context: object) -> bytes:
@@ -39,3 +42,45 @@ def check_count(name: str, value: object, *, allow_none: bool) -> int | None:
     if value < 0:
         raise ValueError(f"{name} must not be negative, got {value}")
     return value
+
+
+
+def check_dead_task(task_id: object, context: object, exception: object, task_class: object,
+                    attempts: object) -> tuple[str, bytes, BaseException, str, int]:
+    """The arguments of ``add_dead_task``, checked (C-7): id, context, exception, class, attempts."""
+    tid = check_task_id(task_id)
+    data = check_context(context)
+    if not isinstance(exception, BaseException):
+        raise ValueError(f"exception must be an exception instance, not "
+                         f"{type(exception).__name__}")
+    if not isinstance(task_class, str) or not task_class:
+        raise ValueError(f"task_class must be a non-empty str, got {task_class!r}")
+    if len(task_class.encode("utf-8", "surrogatepass")) > TASK_CLASS_BYTES_MAX:
+        raise LimitExceededError(f"task_class must be at most {TASK_CLASS_BYTES_MAX} bytes")
+    count = check_count("attempts", attempts, allow_none=False)
+    assert count is not None
+    return tid, data, exception, task_class, count
+
+
+def check_ids(ids: object) -> set[str]:
+    """The distinct ids of ``remove_dead_tasks(ids)`` (C-7, C-8): a ``str`` is one id."""
+    if ids is None:
+        return set()
+    if isinstance(ids, (bytes, bytearray, memoryview)):
+        # Iterable, but of ints: say what was passed rather than complain about an int id.
+        raise ValueError(f"ids must be a task id (str), an iterable of task ids or None, "
+                         f"not {type(ids).__name__}; decode it first")
+    if isinstance(ids, str):
+        return {check_task_id(ids, argument="id")}
+    if isinstance(ids, Iterable):
+        return {check_task_id(i, argument="id") for i in ids}
+    raise ValueError(f"ids must be a task id, an iterable of task ids or None, not "
+                     f"{type(ids).__name__}")
+
+
+def check_page(limit: object, offset: object) -> tuple[int | None, int]:
+    """The ``limit`` and ``offset`` of ``list_dead_tasks`` (C-7)."""
+    lim = check_count("limit", limit, allow_none=True)
+    off = check_count("offset", offset, allow_none=False)
+    assert off is not None
+    return lim, off

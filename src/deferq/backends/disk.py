@@ -19,7 +19,6 @@ import os
 from collections.abc import Iterable
 from types import TracebackType
 
-from deferq._core.errors import LimitExceededError
 from deferq._core.format import check_task_id
 from deferq._core.limits import (
     CONTEXT_BYTES_MAX,
@@ -27,14 +26,19 @@ from deferq._core.limits import (
     DEFAULT_PATH,
     DEFAULT_PREFIX,
     DIR_MODE,
-    TASK_CLASS_BYTES_MAX,
 )
 from deferq._core.types import DeadTask, PendingTask
 from deferq._engine.deadstore import DeadTaskStore, ancestors
 from deferq._engine.env import Cancel, Env
 from deferq._engine.osenv import OS_ENV
 from deferq._engine.wal import TasksWal
-from deferq.backends._arguments import check_context, check_count, check_publish_at
+from deferq.backends._arguments import (
+    check_context,
+    check_dead_task,
+    check_ids,
+    check_page,
+    check_publish_at,
+)
 from deferq.backends._deadtask import dead_task_for
 from deferq.backends._options import check_fsync_frequency, check_path, check_prefix
 
@@ -152,25 +156,14 @@ class Disk:
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
                       task_class: str, attempts: int) -> str:
         """Durably record a task that gave up; return its id (S-4, D-7)."""
-        tid = check_task_id(task_id)
-        data = check_context(context)
-        if not isinstance(exception, BaseException):
-            raise ValueError(f"exception must be an exception instance, not "
-                             f"{type(exception).__name__}")
-        if not isinstance(task_class, str) or not task_class:
-            raise ValueError(f"task_class must be a non-empty str, got {task_class!r}")
-        if len(task_class.encode("utf-8", "surrogatepass")) > TASK_CLASS_BYTES_MAX:
-            raise LimitExceededError(f"task_class must be at most {TASK_CLASS_BYTES_MAX} bytes")
-        count = check_count("attempts", attempts, allow_none=False)
-        assert count is not None
-        task = dead_task_for(tid, data, exception, task_class, count, int(self._env.time()))
+        tid, data, error, name, count = check_dead_task(task_id, context, exception, task_class,
+                                                        attempts)
+        task = dead_task_for(tid, data, error, name, count, int(self._env.time()))
         return self._dead.add(task)
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
         """Dead tasks newest first; ``offset`` skips, ``limit`` caps (S-6)."""
-        lim = check_count("limit", limit, allow_none=True)
-        off = check_count("offset", offset, allow_none=False)
-        assert off is not None
+        lim, off = check_page(limit, offset)
         return self._dead.list_tasks(lim, off)
 
     def find_dead_task(self, task_id: str) -> DeadTask | None:
@@ -179,19 +172,7 @@ class Disk:
 
     def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
         """Remove dead tasks by id; return how many distinct ids were found (S-5, D-9)."""
-        if ids is None:
-            wanted: set[str] = set()
-        elif isinstance(ids, (bytes, bytearray, memoryview)):
-            # Iterable, but of ints: say what was passed rather than complain about an int id.
-            raise ValueError(f"ids must be a task id (str), an iterable of task ids or None, "
-                             f"not {type(ids).__name__}; decode it first")
-        elif isinstance(ids, str):
-            wanted = {check_task_id(ids, argument="id")}
-        elif isinstance(ids, Iterable):
-            wanted = {check_task_id(i, argument="id") for i in ids}
-        else:
-            raise ValueError(f"ids must be a task id, an iterable of task ids or None, not "
-                             f"{type(ids).__name__}")
+        wanted = check_ids(ids)
         return self._dead.remove(wanted)
 
     # --- lifecycle

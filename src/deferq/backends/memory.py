@@ -24,11 +24,16 @@ import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 
-from deferq._core.errors import LimitExceededError, StorageClosedError
+from deferq._core.errors import StorageClosedError
 from deferq._core.format import check_task_id
-from deferq._core.limits import TASK_CLASS_BYTES_MAX
 from deferq._core.types import DeadTask, PendingTask
-from deferq.backends._arguments import check_context, check_count, check_publish_at
+from deferq.backends._arguments import (
+    check_context,
+    check_dead_task,
+    check_ids,
+    check_page,
+    check_publish_at,
+)
 from deferq.backends._deadtask import dead_task_for
 
 __all__ = ["Memory"]
@@ -111,18 +116,9 @@ class Memory:
     # --- dead tasks
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
                       task_class: str, attempts: int) -> str:
-        tid = check_task_id(task_id)
-        data = check_context(context)
-        if not isinstance(exception, BaseException):
-            raise ValueError(f"exception must be an exception instance, not "
-                             f"{type(exception).__name__}")
-        if not isinstance(task_class, str) or not task_class:
-            raise ValueError(f"task_class must be a non-empty str, got {task_class!r}")
-        if len(task_class.encode("utf-8", "surrogatepass")) > TASK_CLASS_BYTES_MAX:
-            raise LimitExceededError(f"task_class must be at most {TASK_CLASS_BYTES_MAX} bytes")
-        count = check_count("attempts", attempts, allow_none=False)
-        assert count is not None
-        task = dead_task_for(tid, data, exception, task_class, count, int(self._now()))
+        tid, data, error, name, count = check_dead_task(task_id, context, exception, task_class,
+                                                        attempts)
+        task = dead_task_for(tid, data, error, name, count, int(self._now()))
         with self._lock:
             self._check_open()
             self._dead.pop(tid, None)  # the latest record of an id is the one that counts
@@ -130,9 +126,7 @@ class Memory:
         return tid
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
-        lim = check_count("limit", limit, allow_none=True)
-        off = check_count("offset", offset, allow_none=False)
-        assert off is not None
+        lim, off = check_page(limit, offset)
         with self._lock:
             self._check_open()
             newest = list(reversed(self._dead.values()))[off:]
@@ -145,18 +139,7 @@ class Memory:
             return self._dead.get(tid)
 
     def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
-        if ids is None:
-            wanted: set[str] = set()
-        elif isinstance(ids, (bytes, bytearray, memoryview)):
-            raise ValueError(f"ids must be a task id (str), an iterable of task ids or None, "
-                             f"not {type(ids).__name__}; decode it first")
-        elif isinstance(ids, str):
-            wanted = {check_task_id(ids, argument="id")}
-        elif isinstance(ids, Iterable):
-            wanted = {check_task_id(i, argument="id") for i in ids}
-        else:
-            raise ValueError(f"ids must be a task id, an iterable of task ids or None, not "
-                             f"{type(ids).__name__}")
+        wanted = check_ids(ids)
         with self._lock:
             self._check_open()
             return sum(1 for tid in wanted if self._dead.pop(tid, None) is not None)
