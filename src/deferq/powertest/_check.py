@@ -23,15 +23,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from deferq._core.format import (
-    BadLine,
-    WalAdd,
-    dead_data_name,
-    decode_dead_line,
-    decode_dead_payload,
-    decode_wal_line,
-    is_wal_file_name,
-)
+from deferq._core.deadcodec import decode_dead_line, decode_dead_payload
+from deferq._core.frame import BadLine
 from deferq._core.model import (
     ABSENT,
     Crash,
@@ -43,6 +36,8 @@ from deferq._core.model import (
     StorageModel,
     Write,
 )
+from deferq._core.names import dead_data_name, is_wal_file_name
+from deferq._core.walcodec import WalAdd, decode_wal_line
 from deferq.powertest._workers import Event, digest
 from deferq._core.recovery import ForwardLines, RawLine, WalReplay
 
