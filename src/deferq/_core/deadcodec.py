@@ -35,7 +35,7 @@ from deferq._core.limits import (
     CONTEXT_BYTES_MAX,
     EXCEPTION_CLASS_CHARS_MAX,
     EXCEPTION_MESSAGE_CHARS_MAX,
-    LINE_BYTES_MAX,
+    LINE_BYTES_MAX,  # The post-condition of encode_dead names it; CrossHair reads it here.
     TASK_CLASS_BYTES_MAX,
     TASK_ID_BYTES_MAX,
 )

@@ -19,6 +19,7 @@ from zlib import crc32
 
 from deferq._core.b64 import decode_base64
 from deferq._core.frame import BadLine, LineFault, unframe
+# The pre-conditions of the encoders name task_id_problem; CrossHair reads it here.
 from deferq._core.taskid import decode_id, task_id_problem
 
 OP_ADD: Final = b"add"
