@@ -66,6 +66,7 @@ class SimFs:
         self._barrier_seq = 0
         self.load_image(image)
     def node(self, ino: int) -> Inode:
+        """The live inode numbered ``ino``."""
         return self._inodes[ino]
 
     def resolve(self, path: str) -> Resolved:
@@ -188,6 +189,7 @@ class SimFs:
         self.barrier()
 
     def now_ns(self) -> int:
+        """The machine's wall clock in nanoseconds: what a change stamps as ctime."""
         return int(self.clock.time_s * 1_000_000_000)
 
     # ------------------------------------------------------------------ the whole state
@@ -214,6 +216,7 @@ class SimFs:
         return Image(tuple(sorted(nodes, key=lambda n: n.path)))
 
     def file_at(self, path: str) -> Inode:
+        """The regular file ``path`` names now (ENOENT, EISDIR otherwise)."""
         node = self.resolve(path).node
         if node is None:
             raise os_error(errno.ENOENT, path)

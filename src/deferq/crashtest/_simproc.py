@@ -29,7 +29,8 @@ from deferq.crashtest._inode import Inode, os_error
 from deferq.crashtest._window import SimWindow
 
 if TYPE_CHECKING:
-    # Type-only: SimDisk creates every SimEnv, so _simdisk imports this module's users.
+    # Type-only: SimDisk creates every SimEnv, so _simdisk imports SimEnv and, through it,
+    # this module; a runtime import back would be a cycle.
     from deferq.crashtest._simdisk import SimDisk
 
 
