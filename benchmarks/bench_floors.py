@@ -62,16 +62,10 @@ from bench_common import (
     repeated,
 )
 from bench_workloads import DEFAULT_FSYNC_S
-from deferq._core.format import (
-    BadLine,
-    WalAdd,
-    WalRem,
-    dead_data_name,
-    decode_dead_line,
-    decode_dead_payload,
-    decode_wal_line,
-    wal_file_name,
-)
+from deferq._core.deadcodec import decode_dead_line, decode_dead_payload
+from deferq._core.frame import BadLine
+from deferq._core.names import dead_data_name, wal_file_name
+from deferq._core.walcodec import WalAdd, WalRem, decode_wal_line
 from deferq.backends import Disk
 
 DEFAULT_JSON_OUT = Path(__file__).resolve().parent / "floors.jsonl"

@@ -30,7 +30,9 @@ from bench_common import (
     make_exception,
     write_all,
 )
-from deferq._core.format import dead_data_name, encode_add, encode_dead, encode_rem, is_wal_file_name
+from deferq._core.deadcodec import encode_dead
+from deferq._core.names import dead_data_name, is_wal_file_name
+from deferq._core.walcodec import encode_add, encode_rem
 from deferq.backends import Disk
 
 CHUNK = 1 << 16

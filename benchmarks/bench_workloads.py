@@ -31,7 +31,7 @@ from bench_common import (
     repeated,
     run_trio,
 )
-from deferq._core.format import dead_data_name, wal_file_name
+from deferq._core.names import dead_data_name, wal_file_name
 from deferq.backends import Disk
 
 CRASH_SAFE = Target("<= 2x raw and >= 3x faster than SQLite NORMAL",

@@ -35,7 +35,7 @@ from bench_common import (
     make_exception,
 )
 from deferq import DeadTasksLockTimeout, Queue, Task, TaskRegistry
-from deferq._core.format import encode_dead
+from deferq._core.deadcodec import encode_dead
 from deferq._runtime.serialize import JSON_CODEC, Context
 from deferq.backends import Disk
 

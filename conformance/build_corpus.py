@@ -31,17 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deferq._core.format import (
-    dead_data_name,
-    dead_lock_name,
-    dead_tmp_name,
-    encode_add,
-    encode_dead,
-    encode_rem,
-    frame,
-    wal_file_name,
-)
+from deferq._core.deadcodec import encode_dead
+from deferq._core.frame import frame
+from deferq._core.names import dead_data_name, dead_lock_name, dead_tmp_name, wal_file_name
 from deferq._core.types import DeadTask
+from deferq._core.walcodec import encode_add, encode_rem
 from deferq.conformance.cases import EXPECTED, GENERATED, Case, default_corpus, materialize
 from deferq.conformance.compare import differences, shown
 from deferq.conformance.deferq_reader import read as deferq_read

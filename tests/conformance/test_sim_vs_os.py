@@ -32,7 +32,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deferq._engine.env import Env, OpenFlag
-from deferq._core.format import is_wal_file_name
+from deferq._core.names import is_wal_file_name
 from deferq._engine.osenv import OsEnv
 from deferq._core.types import DeadTask, PendingTask
 from deferq.backends import Disk

@@ -43,17 +43,10 @@ from typing import Final
 
 from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.env import Env, MappedWindow, OpenFlag
-from deferq._core.format import (
-    BadLine,
-    WalAdd,
-    decode_dead_line,
-    decode_dead_payload,
-    decode_wal_line,
-    dead_data_name,
-    dead_lock_name,
-    encode_dead,
-    is_wal_file_name,
-)
+from deferq._core.deadcodec import decode_dead_line, decode_dead_payload, encode_dead
+from deferq._core.frame import BadLine
+from deferq._core.names import dead_data_name, dead_lock_name, is_wal_file_name
+from deferq._core.walcodec import WalAdd, decode_wal_line
 from deferq._engine.io import repair_tail, write_all
 from deferq._engine.osenv import OsEnv
 from deferq._core.types import DeadTask

@@ -17,8 +17,8 @@ import os
 import sys
 
 from deferq._core.errors import DeferqError
-from deferq._core.format import is_wal_file_name
 from deferq._core.limits import DEFAULT_PREFIX
+from deferq._core.names import is_wal_file_name
 from deferq.backends import Disk
 
 

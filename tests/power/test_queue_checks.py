@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from deferq._core.model import Crash, Dead, Pending
-from deferq.powertest._check import Ledger, Observation
+from deferq.powertest._check import Ledger
+from deferq.powertest._observe import Observation
 from deferq.powertest._qcheck import QueueLedger
 from deferq.powertest._queue_roles import ALWAYS_FAIL_MAX_RETRIES, AlwaysFail, Succeed
 from deferq.powertest._workers import Event

@@ -1,4 +1,5 @@
-"""Property tests of the record codec (src/deferq/_core/format.py; F-3, F-4, F-6, F-7, F-10, F-11).
+"""Property tests of the record codec (src/deferq/_core/: frame, walcodec, deadcodec, names;
+F-3, F-4, F-6, F-7, F-10, F-11).
 
 Goal: the codec is a bijection on valid records, and damage to a valid line is never read
 as a valid record. Method: Hypothesis draws arbitrary valid ids, contexts, publish times
@@ -15,25 +16,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deferq._core.format import (
-    BadLine,
+from deferq._core.deadcodec import (
     DeadLine,
-    WalAdd,
-    WalRem,
+    dead_problem,
     decode_dead_line,
     decode_dead_payload,
+    encode_dead,
+)
+from deferq._core.frame import BadLine
+from deferq._core.limits import TASK_ID_BYTES_MAX
+from deferq._core.names import (
     dead_data_name,
     dead_lock_name,
     dead_tmp_name,
-    dead_problem,
-    decode_wal_line,
-    encode_add,
-    encode_dead,
-    encode_rem,
     is_wal_file_name,
     wal_file_name,
 )
-from deferq._core.limits import TASK_ID_BYTES_MAX
+from deferq._core.walcodec import WalAdd, WalRem, decode_wal_line, encode_add, encode_rem
 from deferq.backends._options import check_prefix
 from deferq._core.recovery import ForwardLines, WalReplay
 from deferq._core.types import DeadTask
@@ -214,7 +213,7 @@ def _reference_decode_payload(line: DeadLine) -> DeadTask | BadLine:
     """The payload decoder as first written: ``json.loads`` on the bytes, a hook per call."""
     import json
 
-    from deferq._core import format as _format
+    from deferq._core import frame as _frame
 
     def unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
         obj = dict(pairs)
@@ -225,7 +224,7 @@ def _reference_decode_payload(line: DeadLine) -> DeadTask | BadLine:
     try:
         obj: object = json.loads(line.payload, object_pairs_hook=unique)
     except (ValueError, RecursionError):
-        return BadLine(_format.LineFault.BAD_DEAD_PAYLOAD)
+        return BadLine(_frame.LineFault.BAD_DEAD_PAYLOAD)
     # From here both decoders share the field checks: feed the parsed object back as
     # canonical JSON through the real decoder.
     return decode_dead_payload(DeadLine(line.task_id, json.dumps(obj).encode("utf-8")))

@@ -16,12 +16,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from deferq._core.format import dead_problem, id_seed
+from deferq._core.deadcodec import dead_problem
 from deferq._core.limits import (
     BACKTRACE_FRAME_CHARS_MAX,
     EXCEPTION_CLASS_CHARS_MAX,
     EXCEPTION_MESSAGE_CHARS_MAX,
 )
+from deferq._core.taskid import id_seed
 from deferq._core.types import DeadTask, dead_task_of
 from deferq.backends._deadtask import (
     _clip,

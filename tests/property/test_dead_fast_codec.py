@@ -25,11 +25,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deferq._engine.deadindex import DeadIndex, RecordReader, StaleIndex
-from deferq._core.format import (
-    BadLine,
+from deferq._core.b64 import canonical_base64_decode, decode_base64
+from deferq._core.deadcodec import (
     DeadLine,
-    _canonical_base64_decode,
-    _decode_base64,
     _decode_dead_exact,
     _decode_dead_fast,
     _encode_dead_json,
@@ -38,6 +36,7 @@ from deferq._core.format import (
     decode_dead_record,
     encode_dead,
 )
+from deferq._core.frame import BadLine
 from deferq._core.limits import (
     BACKTRACE_FRAME_CHARS_MAX,
     BACKTRACE_FRAMES_MAX,
@@ -161,7 +160,7 @@ def _mutated_base64(data: bytes, at: int, value: int) -> bytes:
                  st.builds(_mutated_base64, st.binary(min_size=1, max_size=12),
                            st.integers(0, 100), st.integers(0, 255))))
 def test_the_canonical_base64_check_equals_decoding_and_re_encoding(raw: bytes) -> None:
-    assert _canonical_base64_decode(raw) == _decode_base64(raw)
+    assert canonical_base64_decode(raw) == decode_base64(raw)
 
 
 @pytest.mark.spec("F-10")

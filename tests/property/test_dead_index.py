@@ -28,13 +28,8 @@ from hypothesis import strategies as st
 from deferq._engine import deadindex as _deadindex
 from deferq._engine.deadindex import DeadIndex, NeedleScan, dead_line, fast_dead_id
 from deferq._engine.env import FileStat, OpenFlag
-from deferq._core.format import (
-    BadLine,
-    _decode_dead_exact,
-    decode_dead_line,
-    encode_dead,
-    frame,
-)
+from deferq._core.deadcodec import _decode_dead_exact, decode_dead_line, encode_dead
+from deferq._core.frame import BadLine, frame
 from deferq._core.recovery import BackwardLines, RawLine
 from deferq._core.types import DeadTask
 from deferq.backends import Disk

@@ -28,18 +28,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deferq._core.format import (
-    _decode_base64,
-    _decode_id,
-    canonical_base64,
-    encode_add,
-    encode_rem,
-    frame,
-    raw_id_ok,
-)
-from deferq._core.limits import LINE_BYTES_MAX, TASK_ID_BYTES_MAX
+from deferq._core.b64 import canonical_base64, decode_base64
 from deferq._core.fastreplay import FastWalReplay
+from deferq._core.frame import frame
+from deferq._core.limits import LINE_BYTES_MAX, TASK_ID_BYTES_MAX
 from deferq._core.recovery import WalReplay
+from deferq._core.taskid import decode_id, raw_id_ok
+from deferq._core.walcodec import encode_add, encode_rem
 
 IDS = st.one_of(
     st.sampled_from(["a", "b", "1790000000-42-1", "1790000001-42-1", "99-x", "7", "é-1", "ü"]),
@@ -269,5 +264,5 @@ def test_over_long_lines_are_counted_like_the_strict_replay(where: str) -> None:
                  st.binary(max_size=18).map(lambda b: binascii.b2a_base64(b, newline=False)),
                  st.from_regex(rb"[A-Za-z0-9+/=]{0,12}", fullmatch=True)))
 def test_the_raw_byte_checks_agree_with_the_decoders(raw: bytes) -> None:
-    assert canonical_base64(raw) == (_decode_base64(raw) is not None)
-    assert raw_id_ok(raw) == (_decode_id(raw) is not None)
+    assert canonical_base64(raw) == (decode_base64(raw) is not None)
+    assert raw_id_ok(raw) == (decode_id(raw) is not None)

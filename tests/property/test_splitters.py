@@ -15,8 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deferq._core.format import LineFault, encode_add, encode_rem, id_seed
+from deferq._core.frame import LineFault
 from deferq._core.recovery import BackwardLines, ChunkLines, ForwardLines, RawLine, WalReplay, live_fields
+from deferq._core.taskid import id_seed
+from deferq._core.walcodec import encode_add, encode_rem
 
 files = st.one_of(
     st.binary(max_size=64),

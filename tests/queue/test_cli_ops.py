@@ -20,7 +20,7 @@ import pytest
 from deferq import Operator
 from deferq._cli import main
 from deferq._cli.ops import file_size_text
-from deferq._core.format import encode_add
+from deferq._core.walcodec import encode_add
 from deferq._runtime.serialize import Context, decode_context, encode_context
 from deferq.backends import Disk
 from tests.queue.helpers import RecordingBackend

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import deferq
-from deferq._core.format import dead_lock_name
+from deferq._core.names import dead_lock_name
 from deferq.backends import Disk
 from tests.queue.worker_app import ROOT, spawn
 

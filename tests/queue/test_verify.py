@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from deferq._cli import main
-from deferq._core.format import encode_rem, frame
+from deferq._core.frame import frame
+from deferq._core.walcodec import encode_rem
 from deferq.backends import Disk
 from tests.fsenv import append_to_wal, wal_size
 

@@ -19,19 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from deferq._core.format import (
-    DeadLine,
-    WalAdd,
-    WalRem,
-    decode_dead_line,
-    decode_dead_payload,
-    decode_wal_line,
-    encode_add,
-    encode_dead,
-    encode_rem,
-)
+from deferq._core.deadcodec import DeadLine, decode_dead_line, decode_dead_payload, encode_dead
 from deferq._core.recovery import ForwardLines, WalReplay, live_fields
 from deferq._core.types import DeadTask
+from deferq._core.walcodec import WalAdd, WalRem, decode_wal_line, encode_add, encode_rem
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from deferq._core.format import LineFault
+from deferq._core.frame import LineFault
 from deferq._core.recovery import RECOVERY_TABLE, Rule
 
 RECOVERY_MD = Path(__file__).resolve().parents[2] / "spec" / "recovery.md"

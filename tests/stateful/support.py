@@ -16,7 +16,7 @@ from hypothesis import settings
 
 from deferq._core.model import Dead, Pending, StorageModel, Violation
 from deferq.backends import Disk
-from deferq._core.format import dead_data_name
+from deferq._core.names import dead_data_name
 from deferq.crashtest import Ext4Ordered, LinkOp, PersistenceModel, Prefix, SimDisk, Weakest
 
 PATH: Final = "/s"

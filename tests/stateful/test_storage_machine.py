@@ -41,9 +41,9 @@ from hypothesis.stateful import (
 )
 
 from deferq._engine import wal as _wal
-from deferq._core.format import dead_data_name, is_wal_file_name
 from deferq._core.model import Crash as ModelCrash
 from deferq._core.model import Dead, Pending, StorageModel
+from deferq._core.names import dead_data_name, is_wal_file_name
 from deferq.backends import Disk
 from deferq.crashtest import (
     Bound,

@@ -20,9 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from deferq._core.format import encode_add, encode_dead, encode_rem, frame, wal_file_name
+from deferq._core.deadcodec import encode_dead
+from deferq._core.frame import frame
 from deferq._core.limits import LINE_BYTES_MAX
+from deferq._core.names import wal_file_name
 from deferq._core.types import DeadTask
+from deferq._core.walcodec import encode_add, encode_rem
 from deferq.backends import Disk
 from tests.fsenv import FaultyEnv
 

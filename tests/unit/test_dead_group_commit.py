@@ -19,8 +19,8 @@ import pytest
 
 from deferq._engine.deadstore import DeadTaskStore, _AddRequest
 from deferq._engine.env import OpenFlag
+from deferq._core.deadcodec import encode_dead
 from deferq._core.errors import DeadTasksLockTimeout, StorageBrokenError
-from deferq._core.format import encode_dead
 from deferq._core.types import DeadTask
 from deferq.backends import Disk
 from deferq.crashtest import FaultRule, FsyncEio, SimDisk

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from deferq._engine.env import FileStat
-from deferq._core.format import encode_dead
+from deferq._core.deadcodec import encode_dead
 from deferq._core.limits import READ_CHUNK_BYTES
 from deferq._core.types import DeadTask
 from deferq.backends import Disk

@@ -28,14 +28,16 @@ from typing import Any
 import pytest
 
 from deferq._engine.env import Env, OpenFlag
+from deferq._core.deadcodec import DeadLine, decode_dead_line, encode_dead
 from deferq._core.errors import DeadTasksLockTimeout, StorageBrokenError
-from deferq._core.format import DeadLine, decode_dead_line, encode_dead, frame, id_seed
+from deferq._core.frame import frame
 from deferq._core.limits import (
     EXCEPTION_CLASS_CHARS_MAX,
     EXCEPTION_MESSAGE_CHARS_MAX,
     LOCK_ATTEMPTS_MAX,
     READ_CHUNK_BYTES,
 )
+from deferq._core.taskid import id_seed
 from deferq._core.types import DeadTask
 from deferq.backends import Disk
 from tests.fsenv import FaultyEnv, ManualClock, RecordingEnv, snapshot

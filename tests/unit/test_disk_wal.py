@@ -26,15 +26,9 @@ import pytest
 
 from deferq._engine.env import Env, OpenFlag
 from deferq._core.errors import LimitExceededError, StorageBrokenError, StorageClosedError
-from deferq._core.format import (
-    BadLine,
-    WalAdd,
-    WalRem,
-    decode_wal_line,
-    encode_add,
-    encode_rem,
-    is_wal_file_name,
-)
+from deferq._core.frame import BadLine
+from deferq._core.names import is_wal_file_name
+from deferq._core.walcodec import WalAdd, WalRem, decode_wal_line, encode_add, encode_rem
 from deferq._engine.io import records_end
 from deferq._core.limits import (
     CONTEXT_BYTES_MAX,

@@ -1,4 +1,5 @@
-"""Unit tests of the record codec and file names (src/deferq/_core/format.py, spec/format.md).
+"""Unit tests of the record codec and file names (src/deferq/_core/: frame, taskid,
+walcodec, deadcodec, names; spec/format.md).
 
 Goal: every validity rule of F-4..F-12 and every file-name rule of F-1/F-9 is pinned by
 an example at and just past its boundary, and every damaged line maps to the right row
@@ -15,34 +16,15 @@ import zlib
 
 import pytest
 
-from deferq._core.format import (
+from deferq._core.deadcodec import (
     DEAD_FIELDS,
-    BadLine,
     DeadLine,
-    LineFault,
-    WalAdd,
-    WalRem,
-    check_task_id,
-    crc_hex,
-    dead_data_name,
-    dead_lock_name,
     dead_problem,
-    dead_tmp_name,
     decode_dead_line,
     decode_dead_payload,
-    decode_wal_line,
-    encode_add,
     encode_dead,
-    encode_rem,
-    frame,
-    id_seed,
-    is_wal_file_name,
-    task_id_problem,
-    to_base36,
-    unframe,
-    wal_file_name,
-    wal_glob_prefix,
 )
+from deferq._core.frame import BadLine, LineFault, crc_hex, frame, unframe
 from deferq._core.limits import (
     BACKTRACE_FRAME_CHARS_MAX,
     BACKTRACE_FRAMES_MAX,
@@ -54,7 +36,18 @@ from deferq._core.limits import (
     TASK_ID_BYTES_MAX,
     WAL_STORAGE_VERSION,
 )
+from deferq._core.names import (
+    dead_data_name,
+    dead_lock_name,
+    dead_tmp_name,
+    is_wal_file_name,
+    to_base36,
+    wal_file_name,
+    wal_glob_prefix,
+)
+from deferq._core.taskid import check_task_id, id_seed, task_id_problem
 from deferq._core.types import DeadTask
+from deferq._core.walcodec import WalAdd, WalRem, decode_wal_line, encode_add, encode_rem
 
 PREFIX = "deferred-"
 BAD_HEADER = BadLine(LineFault.BAD_HEADER)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from deferq._core import limits
-from deferq._core.format import DeadLine, decode_dead_line, decode_dead_payload, encode_dead
+from deferq._core.deadcodec import DeadLine, decode_dead_line, decode_dead_payload, encode_dead
 from deferq._core.types import DeadTask
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from deferq._core.format import LineFault, encode_add, encode_dead, encode_rem, frame
+from deferq._core.deadcodec import encode_dead
+from deferq._core.frame import LineFault, frame
 from deferq._core.recovery import (
     RECOVERY_TABLE,
     BackwardLines,
@@ -23,6 +24,7 @@ from deferq._core.recovery import (
     tail_cut,
 )
 from deferq._core.types import DeadTask
+from deferq._core.walcodec import encode_add, encode_rem
 
 
 def chunked(data: bytes, size: int) -> list[bytes]:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from deferq._core.format import encode_add, encode_rem, wal_file_name
+from deferq._core.names import wal_file_name
+from deferq._core.walcodec import encode_add, encode_rem
 from deferq._engine.osenv import OS_ENV
 from deferq.backends import Disk
 from tests.fsenv import ManualClock, RecordingEnv

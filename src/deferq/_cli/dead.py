@@ -32,7 +32,7 @@ from deferq._cli.output import (
 from deferq._cli.parser import EXIT_USAGE
 from deferq._cli.progress import Progress
 from deferq._cli.store import CommandError, require_store, storage_of
-from deferq._core.format import check_task_id
+from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask
 from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.osenv import OS_ENV

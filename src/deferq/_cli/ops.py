@@ -38,8 +38,8 @@ from deferq._cli.output import (
 from deferq._cli.parser import Parser, Subcommands
 from deferq._cli.progress import Progress
 from deferq._cli.store import PATH_VARIABLE, PREFIX_VARIABLE, require_store, storage_of
-from deferq._core.format import is_wal_file_name
 from deferq._core.limits import DEFAULT_PATH, DEFAULT_PREFIX
+from deferq._core.names import is_wal_file_name
 from deferq._engine.env import OpenFlag
 from deferq._engine.io import records_end
 from deferq._engine.osenv import OS_ENV

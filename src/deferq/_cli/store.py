@@ -19,8 +19,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from deferq._core.format import dead_data_name, dead_lock_name, is_wal_file_name
 from deferq._core.limits import DEFAULT_PATH, DEFAULT_PREFIX
+from deferq._core.names import dead_data_name, dead_lock_name, is_wal_file_name
 from deferq.backends._options import check_path, check_prefix
 
 EXIT_NO_STORE: Final = 5

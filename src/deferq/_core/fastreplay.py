@@ -22,18 +22,12 @@ from itertools import compress, repeat
 from operator import itemgetter
 from typing import Final
 
-from deferq._core.format import (
-    SEED_DIGITS_MAX,
-    BadLine,
-    LineFault,
-    WalAdd,
-    canonical_base64,
-    decode_wal_line,
-    id_seed,
-    raw_id_ok,
-)
+from deferq._core.b64 import canonical_base64
+from deferq._core.frame import BadLine, LineFault
 from deferq._core.limits import LINE_BYTES_MAX, TASK_ID_BYTES_MAX
 from deferq._core.recovery import ChunkLines, RawLine, WalReplay, line_body
+from deferq._core.taskid import SEED_DIGITS_MAX, id_seed, raw_id_ok
+from deferq._core.walcodec import WalAdd, decode_wal_line
 
 _B64_ALPHABET: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 
@@ -48,7 +42,7 @@ _SEED_PREFIX: Final = itemgetter(slice(0, SEED_DIGITS_MAX + 1))  # holds any see
 _SELECT_ADD: Final = bytes(1 if c == 0x61 else 0 for c in range(256))  # translate: 'a' -> 1
 _SELECT_REM: Final = bytes(1 if c == 0x72 else 0 for c in range(256))  # translate: 'r' -> 1
 _CRC_TYPE: Final = next(t for t in "IL" if array(t).itemsize == 4)  # 32-bit unsigned items
-_PUBLISH_AT_DIGITS_MAX: Final = 20  # F-6, as in _format._decode_publish_at
+_PUBLISH_AT_DIGITS_MAX: Final = 20  # F-6, as in walcodec._decode_publish_at
 _REM_CRC: Final = zlib.crc32(b"rem:")  # a rem body is "rem:" and the id (F-7)
 
 

@@ -24,16 +24,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
-from deferq._core.format import (
-    NO_PUBLISH_AT,
-    BadLine,
-    LineFault,
-    WalAdd,
-    WalRem,
-    decode_wal_line,
-    id_seed,
-)
+from deferq._core.frame import BadLine, LineFault
 from deferq._core.limits import LINE_BYTES_MAX
+from deferq._core.taskid import id_seed
+from deferq._core.walcodec import NO_PUBLISH_AT, WalAdd, WalRem, decode_wal_line
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,13 +33,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from deferq._engine.env import Env, FileStat
-from deferq._core.format import (
-    CRC_HEX_BYTES,
-    HEADER_BYTES,
-    BadLine,
-    DeadLine,
-    decode_dead_line,
-)
+from deferq._core.deadcodec import DeadLine, decode_dead_line
+from deferq._core.frame import CRC_HEX_BYTES, HEADER_BYTES, BadLine
 from deferq._core.limits import LINE_BYTES_MAX, READ_CHUNK_BYTES, TASK_ID_BYTES_MAX
 from deferq._core.recovery import ChunkLines, RawLine, line_body
 

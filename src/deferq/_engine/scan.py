@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from deferq._core.format import WalAdd, decode_wal_line, is_wal_file_name
+from deferq._core.names import is_wal_file_name
 from deferq._core.recovery import WalReplay
 from deferq._core.types import PendingTask
+from deferq._core.walcodec import WalAdd, decode_wal_line
 from deferq._engine.env import Env, OpenFlag
 from deferq._engine.io import join, lines_forward, records_end
 

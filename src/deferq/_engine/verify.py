@@ -16,15 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deferq._engine.env import Env, OpenFlag
-from deferq._core.format import (
-    BadLine,
-    LineFault,
-    dead_data_name,
-    decode_dead_line,
-    decode_dead_payload,
-    decode_wal_line,
-    is_wal_file_name,
-)
+from deferq._core.deadcodec import decode_dead_line, decode_dead_payload
+from deferq._core.frame import BadLine, LineFault
+from deferq._core.names import dead_data_name, is_wal_file_name
+from deferq._core.walcodec import decode_wal_line
 from deferq._engine.io import join, lines_forward, records_end
 from deferq._core.recovery import line_body
 

@@ -15,8 +15,9 @@ import logging
 from typing import Final
 
 from deferq._core.errors import StorageBrokenError
-from deferq._core.format import encode_rem, is_wal_file_name, wal_file_name
 from deferq._core.limits import FILE_MODE, WRITE_BATCH_BYTES
+from deferq._core.names import is_wal_file_name, wal_file_name
+from deferq._core.walcodec import encode_rem
 from deferq._engine.env import OpenFlag
 from deferq._engine.io import join, write_all
 from deferq._engine.walbase import WalBase, WalState

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from deferq._core.errors import LimitExceededError
-from deferq._core.format import check_task_id
 from deferq._core.limits import CONTEXT_BYTES_MAX, TASK_CLASS_BYTES_MAX
+from deferq._core.taskid import check_task_id
 
 
 def check_context(context: object) -> bytes:

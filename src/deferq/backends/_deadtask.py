@@ -7,13 +7,14 @@ the result satisfies F-12 or a ``ValueError`` says which limit it breaks.
 
 from __future__ import annotations
 
-from deferq._core.format import dead_problem, id_seed
+from deferq._core.deadcodec import dead_problem
 from deferq._core.limits import (
     BACKTRACE_FRAME_CHARS_MAX,
     BACKTRACE_FRAMES_MAX,
     EXCEPTION_CLASS_CHARS_MAX,
     EXCEPTION_MESSAGE_CHARS_MAX,
 )
+from deferq._core.taskid import id_seed
 from deferq._core.types import DeadTask, dead_task_of
 
 _TRUNCATED = "...[truncated]"

@@ -19,7 +19,6 @@ import os
 from collections.abc import Iterable
 from types import TracebackType
 
-from deferq._core.format import check_task_id
 from deferq._core.limits import (
     CONTEXT_BYTES_MAX,
     DEFAULT_FSYNC_FREQUENCY_S,
@@ -27,6 +26,7 @@ from deferq._core.limits import (
     DEFAULT_PREFIX,
     DIR_MODE,
 )
+from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask, PendingTask
 from deferq._engine.deadstore import DeadTaskStore, ancestors
 from deferq._engine.env import Cancel, Env

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 
 from deferq._core.errors import StorageClosedError
-from deferq._core.format import check_task_id
+from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask, PendingTask
 from deferq.backends._arguments import (
     check_context,

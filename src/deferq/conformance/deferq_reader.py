@@ -21,12 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from deferq._core.format import (
-    BadLine,
-    dead_data_name,
-    decode_dead_line,
-    is_wal_file_name,
-)
+from deferq._core.deadcodec import decode_dead_line
+from deferq._core.frame import BadLine
+from deferq._core.names import dead_data_name, is_wal_file_name
 from deferq._core.recovery import line_body
 from deferq._engine.env import OpenFlag
 from deferq._engine.io import join, lines_forward

@@ -1,6 +1,6 @@
 """deferq.crashtest: a simulated machine for crash-testing the storage engine.
 
-``SimDisk`` is one machine's storage, clock and process table; ``SimDisk.process()``
+``SimDisk`` is one machine's storage (a ``SimFs``), clock and process table; ``SimDisk.process()``
 returns a ``SimEnv``, a ``deferq._engine.env.Env`` for one simulated process. Crash it with
 ``kill`` (process death), ``power_loss`` (reboot into a state a persistence model
 allows) or enumerate what a power loss could leave with ``crash_states``. Models:

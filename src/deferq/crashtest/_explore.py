@@ -18,32 +18,31 @@ reports are merged in shard order.
 Everything is deterministic given the seed: workloads are enumerated in a fixed order,
 the simulated machine is seeded, and the random part of ``Bound`` uses the seed. Each
 violation carries a replay token (``deferq crash-test --replay TOKEN``). This module
-holds the explorer, its report, the replay tokens and ``replay``; the mutant checks are
-in ``deferq.crashtest._mutants``.
+holds the explorer and its bounds; the report and the replay tokens are in
+``_explorereport``, ``replay`` in ``_replay``, the mutant checks in ``_mutants``.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
 import logging
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 from deferq._core.model import Crash as CrashKind
-from deferq.crashtest._crashrun import (
-    CrashPoint,
-    Engine,
-    Recovered,
-    _check,
-    _prepare,
-    _recover,
-    crash_points,
-    trace_workload,
+from deferq.crashtest._crashengine import Engine
+from deferq.crashtest._crashpoints import CrashPoint, crash_points
+from deferq.crashtest._crashrecover import Recovered, check_recovered, recover
+from deferq.crashtest._crashrun import _prepare, trace_workload
+from deferq.crashtest._explorereport import (
+    ExploreReport,
+    ExploreViolation,
+    ModelStats,
+    decode_token,
+    encode_token,
 )
 from deferq.crashtest._oplog import Image
 from deferq.crashtest._persistence import (
@@ -70,7 +69,6 @@ __all__ = [
     "encode_token",
     "explore",
     "explore_models",
-    "replay",
 ]
 
 
@@ -118,86 +116,6 @@ BOUNDS: Final = {"ci": CI_BOUND, "full": FULL_BOUND}
 # ---------------------------------------------------------------------------- the explorer
 
 
-@dataclass(slots=True)
-class ModelStats:
-    """Numbers of one crash kind / persistence model."""
-
-    states: int = 0
-    recoveries: int = 0
-    violations: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ExploreViolation:
-    """One recovered state the guarantees forbid, with everything needed to replay it."""
-
-    engine: str
-    workload: str
-    point: str
-    crash: str  # "kill" or a model name
-    state_index: int
-    state: str
-    message: str
-    token: str
-
-    @property
-    def replay_command(self) -> str:
-        return f"deferq crash-test --replay {self.token}"
-
-    def __str__(self) -> str:
-        return (f"{self.engine}: {self.workload} crash at {self.point} ({self.crash} state "
-                f"#{self.state_index}: {self.state}): {self.message}\n  replay: "
-                f"{self.replay_command}")
-
-
-@dataclass(slots=True)
-class ExploreReport:
-    """The outcome of ``explore``."""
-
-    engine: str
-    seed: int
-    max_ops: int
-    bound: str
-    models: tuple[str, ...]
-    sequences: int = 0  # distinct workloads of exactly max_ops steps
-    workloads: int = 0  # explored
-    crash_points: int = 0
-    syscalls: int = 0
-    states: int = 0  # distinct crash states, summed over crash points and kinds
-    recoveries: int = 0  # distinct images actually recovered (the cache misses)
-    violations: list[ExploreViolation] = field(default_factory=list)
-    per_model: dict[str, ModelStats] = field(default_factory=dict)
-    elapsed_s: float = 0.0
-    stopped_early: str = ""
-
-    def summary(self) -> str:
-        lines = [f"engine {self.engine}: seed={self.seed} max_ops={self.max_ops} bound {self.bound}",
-                 f"  workloads explored {self.workloads}/{self.sequences}, crash points "
-                 f"{self.crash_points} ({self.syscalls} traced syscalls), distinct states "
-                 f"{self.states}, recoveries {self.recoveries}, {self.elapsed_s:.1f}s"]
-        for name, stats in self.per_model.items():
-            lines.append(f"  {name:<13} states={stats.states} violations={stats.violations}")
-        if self.stopped_early:
-            lines.append(f"  STOPPED EARLY: {self.stopped_early}")
-        return "\n".join(lines)
-
-
-def encode_token(engine: str, workload: Workload, point: CrashPoint, crash: str, state: int,
-                 seed: int, bound: str) -> str:
-    """A replay token: the case as compact JSON in URL-safe base64."""
-    data = {"e": engine, "w": workload.to_json(), "p": str(point), "c": crash, "i": state,
-            "s": seed, "b": bound}
-    raw = json.dumps(data, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_token(token: str) -> dict[str, object]:
-    raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-    data = json.loads(raw)
-    assert isinstance(data, dict)
-    return data
-
-
 def check_case(engine: Engine, workload: Workload, point: CrashPoint, *, seed: int = 0,
                models: dict[str, PersistenceModel], bound: Bound,
                kill: bool = True, cache: dict[bytes, Recovered] | None = None,
@@ -223,13 +141,13 @@ def check_case(engine: Engine, workload: Workload, point: CrashPoint, *, seed: i
         key = image.key()
         got = cache.get(key)
         if got is None:
-            got = _recover(engine, boot())
+            got = recover(engine, boot())
             cache[key] = got
             st.recoveries += 1
         vkey = (kind, key)
         msgs = verdicts.get(vkey)
         if msgs is None:
-            msgs = _check(run, kind, got)
+            msgs = check_recovered(run, kind, got)
             verdicts[vkey] = msgs
         if on_state is not None:
             on_state(crash, index, desc, got, msgs)
@@ -338,20 +256,7 @@ def _explore_parallel(engine: Engine, jobs: int, *, max_ops: int, seed: int,
                            sequences=len(todo))
     merged.per_model = {"kill": ModelStats(), **{m: ModelStats() for m in models}}
     for part in parts:
-        merged.workloads += part.workloads
-        merged.crash_points += part.crash_points
-        merged.syscalls += part.syscalls
-        merged.states += part.states
-        merged.recoveries += part.recoveries
-        merged.violations.extend(part.violations)
-        for name, stats in part.per_model.items():
-            total = merged.per_model.setdefault(name, ModelStats())
-            total.states += stats.states
-            total.recoveries += stats.recoveries
-            total.violations += stats.violations
-        if part.stopped_early:
-            merged.stopped_early = "; ".join(filter(None, (merged.stopped_early,
-                                                           part.stopped_early)))
+        merged.add(part)
     merged.elapsed_s = time.monotonic() - start
     if progress is not None:
         progress(f"  {jobs} shards done in {merged.elapsed_s:.0f}s")
@@ -415,46 +320,3 @@ def _explore_loop(engine: Engine, todo: Sequence[Workload], report: ExploreRepor
                      f"{len(report.violations)} violations, {time.monotonic() - start:.0f}s")
         if done:
             break
-
-
-def replay(engine: Engine, token: str, *, out: Callable[[str], None] = print) -> list[str]:
-    """Re-run one case from a replay token, verbosely; return its violation messages."""
-    data = decode_token(token)
-    wj = data["w"]
-    assert isinstance(wj, dict)
-    workload = Workload.from_json(wj)
-    point = CrashPoint.parse(str(data["p"]))
-    crash = str(data["c"])
-    index = data["i"]
-    seed = data["s"]
-    assert isinstance(index, int) and isinstance(seed, int)
-    bound = BOUNDS[str(data["b"])]
-    models = explore_models(["weakest", "ext4_ordered", "prefix"],
-                            tear_head_bytes=bound.tear_head_bytes,
-                            tear_points_max=bound.tear_points_max)
-    out(f"engine:   {engine.name}")
-    out(f"workload: {workload}")
-    trace = trace_workload(engine, workload, seed)
-    out(f"trace:    {len(trace)} calls")
-    for k, call in enumerate(trace, start=1):
-        mark = "  <-- crash point" if k == point.index and point.kind != "op" else ""
-        out(f"  {k:4d} pid {call.pid} {call.op:<18} {call.path} "
-            f"{call.nbytes if call.op == 'write' else ''}{mark}")
-    out(f"crash:    {point} then {crash} state #{index} (seed {seed}, bound {bound.name})")
-    messages: list[str] = []
-
-    def show(kind: str, i: int, desc: str, got: Recovered, msgs: list[str]) -> None:
-        out(f"state:    {kind} #{i}: {desc}")
-        out(f"recovered pending: {sorted(got.pending.items())}")
-        out(f"recovered dead:    {sorted((k, v.context) for k, v in got.dead.items())}")
-        for message in msgs:
-            out(f"VIOLATION: {message}")
-        messages.extend(msgs)
-
-    state_bound = Bound(exhaustive_max=bound.bound.exhaustive_max,
-                        random_states=bound.bound.random_states, seed=seed)
-    check_case(engine, workload, point, seed=seed, models=models, bound=state_bound,
-               only=(crash, index), on_state=show, trace=trace)
-    if not messages:
-        out("no violation")
-    return messages

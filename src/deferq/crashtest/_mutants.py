@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from deferq._core.model import Crash as CrashKind
 from deferq._core.model import StorageModel
-from deferq.crashtest._crashrun import Engine, _check, _recover, _Run
+from deferq.crashtest._crashengine import Engine
+from deferq.crashtest._crashrecover import check_recovered, recover
+from deferq.crashtest._crashrun import _Run
 from deferq.crashtest._explore import CI_BOUND, ExploreBound, _quiet, explore, explore_models
 from deferq.crashtest._simdisk import SimDisk
 from deferq.crashtest._workloads import Workload
@@ -107,14 +109,16 @@ def check_disk(engine: Engine, disk: SimDisk, model: StorageModel, *,
     out: list[str] = []
     image = disk.volatile_image()
     with _quiet():
-        got = _recover(engine, SimDisk(seed, image=image))
-        out.extend(f"process kill: {m}" for m in _check(run, CrashKind.PROCESS_KILL, got))
+        got = recover(engine, SimDisk(seed, image=image))
+        out.extend(f"process kill: {m}"
+                   for m in check_recovered(run, CrashKind.PROCESS_KILL, got))
         chosen = explore_models(models, tear_head_bytes=bound.tear_head_bytes,
                                 tear_points_max=bound.tear_points_max)
         for name, persistence in chosen.items():
             for state in disk.crash_states(persistence, bound.bound):
-                got = _recover(engine, state.to_disk())
-                out.extend(f"{state}: {m}" for m in _check(run, CrashKind.POWER_LOSS, got))
+                got = recover(engine, state.to_disk())
+                out.extend(f"{state}: {m}"
+                           for m in check_recovered(run, CrashKind.POWER_LOSS, got))
     return out
 
 

@@ -1,14 +1,13 @@
-"""SimDisk: the storage, clock and process table of one simulated machine.
+"""SimDisk: one simulated machine: its storage, clock, processes and power losses.
 
-Theory of operation. Every inode has a volatile image (the page cache: what processes
-read) and a durable image (the medium). A file's images are bytes; a directory's are
-``name -> inode`` maps. Every change is applied to the volatile image at once and
-appended to the log of un-persisted operations (``_oplog``): writes and truncates per
-file, link/unlink micro-operations per directory. ``fsync`` of a file moves that file's
-logged operations into its durable bytes (its data and size, never its name);
-``fsync_dir`` does the same for the micro-operations of that directory. Nothing else is
-ever durable by itself: what a power loss keeps beyond that is the business of a
-persistence model (``_persistence``), which picks a subset of the log.
+Theory of operation. The storage is a ``SimFs`` (``_simfs``): every inode has a
+volatile image (what processes read) and a durable image (the medium), and every change
+goes to the volatile image at once and to a log of un-persisted operations; ``fsync``
+and ``fsync_dir`` move parts of the log into the durable images. Nothing else is ever
+durable by itself: what a power loss keeps beyond that is the business of a persistence
+model (``_persistence``), which picks a subset of the log. This class adds what a
+machine has around its storage: the clock and timers, the fault rules, the flock table,
+the process table (each process a ``SimEnv``), and the ways to crash.
 
 Three ways to crash:
 - ``kill(pid)``: the process dies; its descriptors close, its flocks and timers go; the
@@ -22,10 +21,9 @@ Three ways to crash:
 A crash during recovery is just more of the same: boot, let the engine run a few
 operations, crash again; nothing here treats a rebooted disk differently.
 
-Inodes stay alive while a name or a descriptor refers to them (a *ghost* after unlink
-or rename-over keeps working through its descriptors), and while the log mentions them
-(a lost unlink may bring a name back). The disk is thread-safe through one re-entrant
-lock, so engine code that uses threads can run on it; it never starts threads itself.
+The machine is thread-safe through one re-entrant lock (``lock``), held around every
+call into the ``SimFs``, so engine code that uses threads can run on it; it never
+starts threads itself.
 """
 
 from __future__ import annotations
@@ -36,28 +34,12 @@ import random
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from deferq.crashtest._clock import SimClock, Timers
 from deferq.crashtest._faults import FaultInjector, FaultRule
-from deferq.crashtest._inode import Inode, Resolved, os_error
-from deferq.crashtest._oplog import (
-    ROOT_PATH,
-    CrashInput,
-    DurableInode,
-    Fill,
-    Image,
-    LinkOp,
-    Node,
-    Op,
-    Plan,
-    TruncateOp,
-    UnlinkOp,
-    WriteOp,
-    apply_data_ops,
-    realize,
-)
-from deferq.crashtest._simenv import SimEnv
+from deferq.crashtest._inode import os_error
+from deferq.crashtest._oplog import ROOT_PATH, CrashInput, Fill, Image, Node, Op, realize
 from deferq.crashtest._persistence import (
     MODELS,
     Bound,
@@ -66,9 +48,9 @@ from deferq.crashtest._persistence import (
     describe,
     resolve_model,
 )
+from deferq.crashtest._simenv import SimEnv
+from deferq.crashtest._simfs import ROOT_INO, SimFs
 
-
-ROOT_INO: Final = 2  # as on ext4
 FIRST_PID: Final = 1000
 _disk_ids = itertools.count(1)
 
@@ -123,15 +105,6 @@ class SimDisk:
         self.faults = FaultInjector()
         self.lock = threading.RLock()
         self._uid = next(_disk_ids)
-        self._version = 0
-        self._inodes: dict[int, Inode] = {}
-        self._next_ino = ROOT_INO + 1
-        self._log: dict[int, Op] = {}
-        self._by_file: dict[int, list[int]] = {}
-        self._by_dir: dict[int, list[int]] = {}
-        self._seq = 0
-        self._group = 0
-        self._barrier_seq = 0
         self.flocks: dict[int, object] = {}
         self._procs: dict[int, SimEnv] = {}
         self._spawned = 0
@@ -139,7 +112,8 @@ class SimDisk:
         self.power_loss_count = 0
         if image is None:
             image = Image((Node(ROOT_PATH, ROOT_INO, 0o755, None),))
-        self._load_image(image)
+        # The storage: SimEnv calls it directly, holding ``lock``.
+        self.fs = SimFs(self.clock, image)
 
     # ------------------------------------------------------------------ processes and time
 
@@ -191,15 +165,12 @@ class SimDisk:
     def crash_input(self) -> CrashInput:
         """The durable state and the log of un-persisted operations, frozen."""
         with self.lock:
-            inodes = {ino: DurableInode(ino, node.is_dir, node.mode, node.durable,
-                                        tuple(node.durable_entries.items()))
-                      for ino, node in self._inodes.items()}
-            return CrashInput(ROOT_INO, inodes, tuple(self._log.values()), self._barrier_seq)
+            return self.fs.crash_input()
 
     def pending_ops(self) -> tuple[Op, ...]:
         """The log of un-persisted operations, in program order."""
         with self.lock:
-            return tuple(self._log.values())
+            return self.fs.pending_ops()
 
     def crash_states(self, model: str | PersistenceModel = "weakest",
                      bound: Bound | None = None) -> Iterator[CrashState]:
@@ -212,7 +183,7 @@ class SimDisk:
         limits = bound if bound is not None else Bound()
         with self.lock:
             crash = self.crash_input()
-            origin = (self._uid, self._version)
+            origin = (self._uid, self.fs.version)
             time_s, monotonic_s = self.clock.time_s, self.clock.monotonic_s
         dims = chosen.dimensions(crash)
         seen: set[bytes] = set()
@@ -250,7 +221,7 @@ class SimDisk:
         chosen = resolve_model(model)
         with self.lock:
             if isinstance(choice, CrashState):
-                if choice.origin != (self._uid, self._version):
+                if choice.origin != (self._uid, self.fs.version):
                     raise ValueError("that crash state was enumerated from another disk state")
                 state = choice
             else:
@@ -258,7 +229,7 @@ class SimDisk:
             for pid in list(self._procs):
                 self.kill(pid)
             self.flocks.clear()
-            self._load_image(state.image)
+            self.fs.load_image(state.image)
             self.power_loss_count += 1
             return state
 
@@ -276,40 +247,36 @@ class SimDisk:
         garbage_seed = rng.getrandbits(32)
         image, _ = realize(crash, model.plan(dims, combo, fills, garbage_seed))
         return CrashState(model_label(model), 0, "random", describe(dims, combo), image, self.seed,
-                          self.clock.time_s, self.clock.monotonic_s, (self._uid, self._version))
+                          self.clock.time_s, self.clock.monotonic_s, (self._uid, self.fs.version))
 
     def sync(self) -> None:
         """``sync(2)`` plus an fsync of every directory: the whole log becomes durable."""
         with self.lock:
-            for ino in list(self._by_file):
-                self.persist_file(ino)
-            for ino in list(self._by_dir):
-                self.persist_dir(ino)
-            self.barrier()
+            self.fs.sync()
 
     # ------------------------------------------------------------------ inspection
 
     def read(self, path: str) -> bytes:
         """The bytes a process would read from ``path`` now."""
         with self.lock:
-            return bytes(self._file_at(path).data)
+            return bytes(self.fs.file_at(path).data)
 
     def read_durable(self, path: str) -> bytes:
         """The durable bytes of the file ``path`` names now."""
         with self.lock:
-            return self._file_at(path).durable
+            return self.fs.file_at(path).durable
 
     def exists(self, path: str) -> bool:
         with self.lock:
             try:
-                return self.resolve(path).node is not None
+                return self.fs.resolve(path).node is not None
             except OSError:
                 return False
 
     def is_dir(self, path: str) -> bool:
         with self.lock:
             try:
-                node = self.resolve(path).node
+                node = self.fs.resolve(path).node
             except OSError:
                 return False
             return node is not None and node.is_dir
@@ -317,7 +284,7 @@ class SimDisk:
     def listdir(self, path: str) -> list[str]:
         """The names in a directory now, sorted."""
         with self.lock:
-            node = self.resolve(path).node
+            node = self.fs.resolve(path).node
             if node is None or not node.is_dir:
                 raise os_error(errno.ENOTDIR if node else errno.ENOENT, path)
             return sorted(node.entries)
@@ -329,255 +296,19 @@ class SimDisk:
     def volatile_image(self) -> Image:
         """What processes see now, as an ``Image``."""
         with self.lock:
-            nodes = [Node(path, node.ino, node.mode, None if node.is_dir else bytes(node.data))
-                     for path, node in self._walk_volatile()]
-            return Image(tuple(sorted(nodes, key=lambda n: n.path)))
+            return self.fs.volatile_image()
 
     def durable_image(self) -> Image:
         """What survives a power loss for sure: the durable state without any of the log."""
-        return realize(self.crash_input(), Plan({}))[0]
+        with self.lock:
+            return self.fs.durable_image()
 
     def damage_at_rest(self, path: str, offset: int, data: bytes) -> None:
         """Overwrite durable bytes of a file on the medium (and in the cache), logging nothing."""
         with self.lock:
-            node = self._file_at(path)
-            if offset < 0 or offset + len(data) > len(node.durable):
-                raise ValueError("damage must lie inside the durable bytes")
-            node.durable = node.durable[:offset] + data + node.durable[offset + len(data):]
-            end = min(len(node.data), offset + len(data))
-            if offset < end:
-                node.data[offset:end] = data[:end - offset]
-            self._version += 1
+            self.fs.damage_at_rest(path, offset, data)
 
     def check_invariants(self) -> None:
         """Assert that the volatile state is the durable state plus the log."""
         with self.lock:
-            crash = self.crash_input()
-            data_ops = crash.data_ops()
-            for ino, node in self._inodes.items():
-                if node.is_dir:
-                    expected = dict(node.durable_entries)
-                    for seq in self._by_dir.get(ino, []):
-                        op = self._log[seq]
-                        if isinstance(op, LinkOp):
-                            expected[op.name] = op.ino
-                        elif isinstance(op, UnlinkOp) and expected.get(op.name) == op.ino:
-                            del expected[op.name]
-                    assert expected == node.entries, f"directory {ino} disagrees with its log"
-                elif not node.diverged:
-                    data, _ = apply_data_ops(node.durable, data_ops.get(ino, ()), None,
-                                             Fill.ZEROS, 0, ino)
-                    assert data == bytes(node.data), f"file {ino} disagrees with its log"
-            links: dict[int, int] = {}
-            for node in self._inodes.values():
-                for child in node.entries.values():
-                    links[child] = links.get(child, 0) + 1
-            for ino, node in self._inodes.items():
-                if not node.is_dir:
-                    assert node.nlink == links.get(ino, 0), f"inode {ino} link count"
-            assert all(seq in self._log for seqs in self._by_file.values() for seq in seqs)
-
-    # ------------------------------------------------------------------ namespace (for SimEnv)
-
-    def node(self, ino: int) -> Inode:
-        return self._inodes[ino]
-
-    def resolve(self, path: str) -> Resolved:
-        """Look ``path`` up in the volatile namespace (relative paths start at the root)."""
-        if not path:
-            raise os_error(errno.ENOENT, path)
-        comps = [c for c in path.split("/") if c and c != "."]
-        slash = path.endswith("/") and bool(comps)
-        stack = [self._inodes[ROOT_INO]]
-        if not comps:
-            return Resolved(stack[0], "", stack[0], False)
-        for comp in comps[:-1]:
-            if comp == "..":
-                if len(stack) > 1:
-                    stack.pop()
-                continue
-            child = stack[-1].entries.get(comp)
-            if child is None:
-                raise os_error(errno.ENOENT, path)
-            node = self._inodes[child]
-            if not node.is_dir:
-                raise os_error(errno.ENOTDIR, path)
-            stack.append(node)
-        last = comps[-1]
-        if last == "..":
-            target = stack[-2] if len(stack) > 1 else stack[0]
-            return Resolved(target, "", target, False)
-        parent = stack[-1]
-        child = parent.entries.get(last)
-        found = None if child is None else self._inodes[child]
-        if slash and found is not None and not found.is_dir:
-            raise os_error(errno.ENOTDIR, path)
-        return Resolved(parent, last, found, slash)
-
-    def create_file(self, parent: Inode, name: str, mode: int) -> Inode:
-        node = self._new_inode(is_dir=False, mode=mode)
-        self._link(parent, name, node, self._new_group())
-        return node
-
-    def mkdir(self, parent: Inode, name: str, mode: int) -> Inode:
-        node = self._new_inode(is_dir=True, mode=mode)
-        self._link(parent, name, node, self._new_group())
-        return node
-
-    def unlink(self, parent: Inode, name: str) -> None:
-        node = self._inodes[parent.entries[name]]
-        self._unlink(parent, name, node, self._new_group())
-
-    def rename(self, src_parent: Inode, src_name: str, dst_parent: Inode, dst_name: str) -> None:
-        """Replace ``dst`` with ``src``: logged as unlink old dst, link dst, unlink src."""
-        node = self._inodes[src_parent.entries[src_name]]
-        group = self._new_group()
-        old = dst_parent.entries.get(dst_name)
-        if old is not None:
-            self._unlink(dst_parent, dst_name, self._inodes[old], group)
-        self._link(dst_parent, dst_name, node, group)
-        self._unlink(src_parent, src_name, node, group)
-
-    # ------------------------------------------------------------------ data (for SimEnv)
-
-    def write(self, node: Inode, offset: int, data: bytes) -> None:
-        end = offset + len(data)
-        if end > len(node.data):
-            node.data.extend(bytes(end - len(node.data)))
-        node.data[offset:end] = data
-        self._log_op(node.ino, self._by_file, WriteOp(self._next_seq(), node.ino, offset, data))
-        self._touch(node)
-
-    def truncate(self, node: Inode, size: int) -> None:
-        if size < len(node.data):
-            del node.data[size:]
-        else:
-            node.data.extend(bytes(size - len(node.data)))
-        self._log_op(node.ino, self._by_file, TruncateOp(self._next_seq(), node.ino, size))
-        self._touch(node)
-
-    def persist_file(self, ino: int) -> None:
-        """A successful fsync: the file's logged data and size become durable (A-3)."""
-        seqs = self._by_file.pop(ino, [])
-        if seqs:
-            ops = [op for seq in seqs if isinstance(op := self._log.pop(seq), WriteOp | TruncateOp)]
-            node = self._inodes[ino]
-            node.durable, _ = apply_data_ops(node.durable, ops, None, Fill.ZEROS, 0, ino)
-            self._version += 1
-
-    def persist_dir(self, ino: int) -> None:
-        """A successful fsync_dir: the directory's logged micro-operations become durable (A-4)."""
-        node = self._inodes[ino]
-        for seq in self._by_dir.pop(ino, []):
-            op = self._log.pop(seq)
-            if isinstance(op, LinkOp):
-                node.durable_entries[op.name] = op.ino
-            elif isinstance(op, UnlinkOp) and node.durable_entries.get(op.name) == op.ino:
-                del node.durable_entries[op.name]
-            self._version += 1
-
-    def barrier(self) -> None:
-        """Record a successful fsync or fsync_dir (a journal commit for ext4_ordered)."""
-        self._barrier_seq = self._next_seq()
-        self._version += 1
-
-    def drop_dirty(self, node: Inode, keep_cache: bool) -> None:
-        """A writeback error: dirty data is marked clean and never reaches the medium (A-7)."""
-        for seq in self._by_file.pop(node.ino, []):
-            del self._log[seq]
-        if not keep_cache:
-            size = len(node.data)
-            node.data = bytearray(node.durable[:size].ljust(size, b"\x00"))
-        node.diverged = True
-        node.wb_err += 1
-        node.wb_err_seen = False
-        self._version += 1
-
-    def now_ns(self) -> int:
-        return int(self.clock.time_s * 1_000_000_000)
-
-    # ------------------------------------------------------------------ internals
-
-    def _file_at(self, path: str) -> Inode:
-        node = self.resolve(path).node
-        if node is None:
-            raise os_error(errno.ENOENT, path)
-        if node.is_dir:
-            raise os_error(errno.EISDIR, path)
-        return node
-
-    def _walk_volatile(self) -> Iterator[tuple[str, Inode]]:
-        stack: list[tuple[str, Inode, frozenset[int]]] = [
-            (ROOT_PATH, self._inodes[ROOT_INO], frozenset())]
-        while stack:
-            path, node, ancestors = stack.pop()
-            yield path, node
-            if node.is_dir:
-                inner = ancestors | {node.ino}
-                for name, child in node.entries.items():
-                    if child not in inner:
-                        stack.append((f"{path.rstrip('/')}/{name}", self._inodes[child], inner))
-
-    def _new_inode(self, *, is_dir: bool, mode: int) -> Inode:
-        node = Inode(self._next_ino, is_dir, mode, ctime_ns=self.now_ns())
-        self._next_ino += 1
-        self._inodes[node.ino] = node
-        return node
-
-    def _new_group(self) -> int:
-        self._group += 1
-        return self._group
-
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    def _log_op(self, ino: int, index: dict[int, list[int]], op: Op) -> None:
-        self._log[op.seq] = op
-        index.setdefault(ino, []).append(op.seq)
-        self._version += 1
-
-    def _touch(self, node: Inode) -> None:
-        node.ctime_ns = self.now_ns()
-
-    def _link(self, parent: Inode, name: str, node: Inode, group: int) -> None:
-        parent.entries[name] = node.ino
-        node.nlink += 1
-        self._log_op(parent.ino, self._by_dir,
-                     LinkOp(self._next_seq(), group, parent.ino, name, node.ino))
-        self._touch(parent)
-        self._touch(node)
-
-    def _unlink(self, parent: Inode, name: str, node: Inode, group: int) -> None:
-        del parent.entries[name]
-        node.nlink -= 1
-        self._log_op(parent.ino, self._by_dir,
-                     UnlinkOp(self._next_seq(), group, parent.ino, name, node.ino))
-        self._touch(parent)
-        self._touch(node)
-
-    def _load_image(self, image: Image) -> None:
-        """Boot: the image becomes both the durable and the volatile state; the log is empty."""
-        self._inodes = {}
-        paths: dict[str, int] = {}
-        for node in image.nodes:
-            if node.ino not in self._inodes:
-                self._inodes[node.ino] = Inode(node.ino, node.data is None, node.mode,
-                                               node.data or b"", ctime_ns=self.now_ns())
-            paths[node.path] = node.ino
-        assert paths.get(ROOT_PATH) == ROOT_INO, "an image's root is inode ROOT_INO"
-        for node in image.nodes:
-            if node.path == ROOT_PATH:
-                continue
-            head, _, name = node.path.rpartition("/")
-            parent = self._inodes[paths[head or ROOT_PATH]]
-            parent.entries[name] = node.ino
-            parent.durable_entries[name] = node.ino
-            self._inodes[node.ino].nlink += 1
-        self._next_ino = max(self._next_ino, max(self._inodes) + 1)
-        self._log.clear()
-        self._by_file.clear()
-        self._by_dir.clear()
-        self._barrier_seq = 0
-        self._version += 1
-
+            self.fs.check_invariants()

@@ -20,15 +20,11 @@ import os
 import sys
 from collections.abc import Callable
 
-from deferq.crashtest._crashrun import Engine
-from deferq.crashtest._explore import (
-    BOUNDS,
-    ExploreReport,
-    decode_token,
-    explore,
-    replay,
-)
+from deferq.crashtest._crashengine import Engine
+from deferq.crashtest._explore import BOUNDS, explore
+from deferq.crashtest._explorereport import ExploreReport, decode_token
 from deferq.crashtest._mutants import Mutant, check_mutant, load_catalogue
+from deferq.crashtest._replay import replay
 
 EXIT_INCOMPLETE = 3  # deferq._cli.crash documents it
 

@@ -1,37 +1,20 @@
-"""What the storage directory holds after a crash, and whether the model allows it.
+"""Whether the model allows what the storage directory holds after a crash.
 
-Theory of operation. ``observe`` reads every file of the storage directory
-directly (no ``Disk``, so nothing is repaired or merged before it is seen):
-each WAL file is replayed on its own with the engine's ``WalReplay`` (a task
-may be pending in two WALs at once: at-least-once); the dead-task data file is
-read forward with the engine's decoders, the latest framed record of an id
-deciding (R-@H). Torn tails (bytes after the last newline, R-@F) and damaged
-complete lines are counted separately; a file that cannot be read is a problem.
-
-``Ledger`` turns the harness's event log into ``StorageModel`` calls and judges
+Theory of operation. ``_observe.observe`` reads the files as they are; ``Ledger`` turns the harness's event log into ``StorageModel`` calls and judges
 an observation with ``check_recovered`` (D-1..D-4, D-7, D-9, D-13), plus the
 explicit checks the model cannot express: a copy of a task in a second WAL
 must carry bytes some add wrote for that id (D-4); an id the engine generated
 must never have been seen before (W-5); a task a restarted worker adopts must
-have been written by some add (D-4).
+have been written by some add (D-4). Dead-store writes whose calls overlapped may
+have taken the lock in either order: ``_deadwrites.DeadWrites`` keeps their time spans
+and says when a rejected dead task is explained by that (D-11).
 """
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from deferq._core.format import (
-    BadLine,
-    WalAdd,
-    dead_data_name,
-    decode_dead_line,
-    decode_dead_payload,
-    decode_wal_line,
-    is_wal_file_name,
-)
 from deferq._core.model import (
     ABSENT,
     Crash,
@@ -43,122 +26,9 @@ from deferq._core.model import (
     StorageModel,
     Write,
 )
+from deferq.powertest._deadwrites import DeadWrites
+from deferq.powertest._observe import Observation
 from deferq.powertest._workers import Event, digest
-from deferq._core.recovery import ForwardLines, RawLine, WalReplay
-
-_CHUNK = 64 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class FileScan:
-    """One file as read after a crash."""
-
-    name: str
-    size: int
-    records: int
-    torn_bytes: int  # bytes after the last newline (R-@F)
-    damaged: int  # complete lines that do not decode (R-@B..R-@E)
-
-
-@dataclass(slots=True)
-class Observation:
-    pending: dict[str, list[Pending]] = field(default_factory=dict)  # id -> one copy per WAL
-    dead: dict[str, Dead] = field(default_factory=dict)
-    files: list[FileScan] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def torn(self) -> int:
-        return sum(1 for f in self.files if f.torn_bytes)
-
-    @property
-    def damaged(self) -> int:
-        return sum(f.damaged for f in self.files)
-
-
-def _lines(path: str, *, wal: bool) -> tuple[list[RawLine], int]:
-    """The lines of a file, and the size they span: for a WAL file the NUL bytes it ends
-    with are its reserved space, not lines (R-@L, W-25)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    size = len(data.rstrip(b"\0")) if wal else len(data)
-    splitter = ForwardLines()
-    out: list[RawLine] = []
-    for start in range(0, size, _CHUNK):
-        out.extend(splitter.feed(data[start:min(size, start + _CHUNK)]))
-    tail = splitter.finish()
-    if tail is not None:
-        out.append(tail)
-    return out, size
-
-
-def _torn(lines: list[RawLine], size: int) -> int:
-    return size - lines[-1].offset if lines and not lines[-1].complete else 0
-
-
-def observe(path: str, prefix: str) -> Observation:
-    """Read every WAL file and the dead-task data file of ``path`` as they are now."""
-    obs = Observation()
-    try:
-        names = sorted(os.listdir(path))
-    except FileNotFoundError:
-        return obs  # cut before any Disk made the directory durable: the model judges that
-    except OSError as exc:
-        obs.problems.append(f"cannot list {path}: {exc}")
-        return obs
-    for name in names:
-        full = os.path.join(path, name)
-        try:
-            if is_wal_file_name(prefix, name):
-                _observe_wal(obs, name, full)
-            elif name == dead_data_name(prefix):
-                _observe_dead(obs, name, full)
-        except OSError as exc:
-            obs.problems.append(f"cannot read {name}: {exc}")
-    return obs
-
-
-def _observe_wal(obs: Observation, name: str, full: str) -> None:
-    lines, size = _lines(full, wal=True)
-    replay = WalReplay()
-    damaged = 0
-    for raw in lines:
-        if not replay.apply(raw) and raw.complete:
-            damaged += 1
-    for task_id, line in replay.live.items():
-        record = decode_wal_line(line[:-1])
-        assert isinstance(record, WalAdd)
-        obs.pending.setdefault(task_id, []).append(
-            Pending(digest(record.context).encode(), record.publish_at))
-    obs.files.append(FileScan(name, size, replay.records, _torn(lines, size), damaged))
-
-
-def _observe_dead(obs: Observation, name: str, full: str) -> None:
-    lines, size = _lines(full, wal=False)
-    latest: dict[str, bytes] = {}
-    damaged = records = 0
-    for raw in lines:
-        if not raw.complete:
-            continue
-        framed = decode_dead_line(raw.data) if raw.data is not None else None
-        if framed is None or isinstance(framed, BadLine):
-            damaged += 1
-            continue
-        records += 1
-        latest.pop(framed.task_id, None)
-        assert raw.data is not None
-        latest[framed.task_id] = raw.data
-    for task_id, data in latest.items():
-        framed = decode_dead_line(data)
-        assert not isinstance(framed, BadLine)
-        task = decode_dead_payload(framed)
-        if isinstance(task, BadLine):
-            damaged += 1  # R-@G: the latest record of this id does not decode; it is not listed.
-            continue
-        obs.dead[task_id] = Dead(digest(task.context).encode(), task.task_class, task.attempts,
-                                 task.exception_message)
-    obs.files.append(FileScan(name, size, records, _torn(lines, size), damaged))
-
 
 @dataclass(slots=True)
 class _Op:
@@ -198,15 +68,8 @@ class Ledger:
         self._holders: dict[str, set[str]] = {}  # id -> live incarnations that adopted or added it
         self._live: set[str] = set()
         self.shared_ids: set[str] = set()  # ids pending in two live WALs at once (at-least-once)
-        # id -> (issued at, returned at, result) of acknowledged dead-store writes (and of
-        # writes in flight at the crash, returned at infinity): two processes' writes to one
-        # id whose calls overlapped may have taken the lock in either order, whatever order
-        # their events reached the harness in.
-        self._dead_acked: dict[str, list[tuple[float, float, Outcome]]] = {}
-        self.reordered = 0
-        # id -> the dead-store events of that id since the last check, printed with a
-        # dead-store violation so that one sighting in a long soak can be analysed.
-        self._dead_trace: dict[str, list[str]] = {}
+        self._dead = DeadWrites()  # dead-store writes since the last check (D-11)
+        self.reordered = 0  # rejected dead tasks explained by overlapping writes
         self.hit: dict[str, int] = {}  # operations in flight when a crash struck, by kind
         # Called with (incarnation, id, digest) when an add whose acknowledgement never
         # arrived is bound to the id the engine chose (the queue checks follow it too).
@@ -223,7 +86,7 @@ class Ledger:
         elif kind in ("F", "X"):
             failed = self._ops.get((incarnation, int(str(event.get("s", -1)))))
             if failed is not None and failed.kind in ("dead", "rdead"):
-                self._trace(incarnation, event, failed.kind, failed.fields)
+                self._dead.note(incarnation, event, failed.kind, failed.fields)
             name = _str(event["x"]) if kind == "F" else f"exit on {_str(event['x'])}"
             self.failures[name] = self.failures.get(name, 0) + 1
             if event.get("bug"):
@@ -252,7 +115,7 @@ class Ledger:
             model_op = model.remove_task(inc, _str(event["id"]))
             self._writes[(inc, seq)] = model.wal[_str(event["id"])].writes[-1]
         if kind in ("dead", "rdead"):
-            self._trace(inc, event, kind)
+            self._dead.note(inc, event, kind)
         if kind == "dead":
             n = event["n"]
             assert isinstance(n, int)
@@ -313,17 +176,7 @@ class Ledger:
             if not 0 <= n <= len(set(ids)):
                 self.violations.append(f"remove_dead_tasks({ids}) returned {n}")
         if op.kind in ("dead", "rdead"):
-            self._trace(inc, event, op.kind, op.fields)
-            issued_at, returned_at = op.fields.get("t"), event.get("t")
-            if isinstance(issued_at, float) and isinstance(returned_at, float):
-                ids = op.fields.get("ids") or [op.fields["id"]]
-                assert isinstance(ids, list)
-                result: Outcome = ABSENT if op.kind == "rdead" else Dead(
-                    _str(op.fields["h"]).encode(), _str(op.fields["c"]),
-                    int(str(op.fields["n"])), _str(op.fields["m"]))
-                for task_id in ids:
-                    self._dead_acked.setdefault(_str(task_id), []).append(
-                        (issued_at, returned_at, result))
+            self._dead.acked(inc, event, op.kind, op.fields)
         if op.model_op is not None:
             self.model.acked(op.model_op, durable=op.durable)
 
@@ -409,14 +262,13 @@ class Ledger:
             else:
                 model.wal[task_id] = IdHistory(known=got)
         for violation in model.check_recovered({}, obs.dead, wal_ids=set()):
-            if self._reordered(violation.task_id, violation.observed):
+            if self._dead.reordered(violation.task_id, violation.observed):
                 self.reordered += 1
             else:
-                trace = self._dead_trace.get(violation.task_id, ["(none since the last check)"])
+                trace = self._dead.trace(violation.task_id)
                 found.append(f"{label}: {violation}; its dead-store events since the last check:"
                              + "".join(f"\n    {line}" for line in trace))
-        self._dead_acked.clear()
-        self._dead_trace.clear()
+        self._dead.clear()
         self._writes.clear()
         self._unknown.clear()
         self._holders.clear()
@@ -426,53 +278,14 @@ class Ledger:
         self.violations += found
         return found
 
-    def _trace(self, inc: str, event: Event, kind: str, issued: Event | None = None) -> None:
-        """Note a dead-store issue (or, with ``issued``, its acknowledgement) per id."""
-        fields = issued if issued is not None else event
-        ids = fields.get("ids") or [fields.get("id")]
-        assert isinstance(ids, list)
-        line = f"{inc} {event['e']} {kind} s={event.get('s')} t={event.get('t')}"
-        if event["e"] == "F":
-            line += f" {event.get('x')}: {event.get('m')}"
-        if "n" in event and kind == "rdead":
-            line += f" removed={event['n']}"
-        if "g" in fields:
-            line += f" tag={fields['g']}"
-        if issued is None and len(ids) > 1:
-            line += f" ids={ids}"
-        for task_id in ids:
-            self._dead_trace.setdefault(str(task_id), []).append(line)
-
     def _count_hits(self, ops: list[_Op]) -> None:
         for op in ops:
             self.hit[op.kind] = self.hit.get(op.kind, 0) + 1
 
     def _dead_in_flight(self, ops: list[_Op]) -> None:
-        """Dead-store writes cut off by the crash may have taken the store's lock at any
-        moment after they were issued: after an acknowledged write of the same id, too."""
+        """Operations cut off by the crash: their dead-store writes' spans stay open."""
         for op in ops:
-            issued_at = op.fields.get("t")
-            if op.kind not in ("dead", "rdead") or not isinstance(issued_at, float):
-                continue
-            ids = op.fields.get("ids") or [op.fields["id"]]
-            assert isinstance(ids, list)
-            result: Outcome = ABSENT if op.kind == "rdead" else Dead(
-                _str(op.fields["h"]).encode(), _str(op.fields["c"]), int(str(op.fields["n"])),
-                _str(op.fields["m"]))
-            for task_id in ids:
-                self._dead_acked.setdefault(_str(task_id), []).append(
-                    (issued_at, math.inf, result))
-                self._dead_trace.setdefault(_str(task_id), []).append(
-                    f"{op.kind} issued at t={issued_at} was in flight at a crash")
-
-    def _reordered(self, task_id: str, observed: Outcome) -> bool:
-        """Whether ``observed`` is the result of an acknowledged dead-store write whose call
-        overlapped in time with another acknowledged write of the same id (either may have
-        taken the store's lock last, D-11)."""
-        acked = self._dead_acked.get(task_id, [])
-        return any(result == observed and issued < other_returned and other_issued < returned
-                   for i, (issued, returned, result) in enumerate(acked)
-                   for j, (other_issued, other_returned, _) in enumerate(acked) if i != j)
+            self._dead.in_flight(op.kind, op.fields)
 
     def checker_add(self, task_id: str, context: bytes) -> int:
         task = Pending(digest(context).encode(), None)

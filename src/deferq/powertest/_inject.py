@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 from deferq._engine.env import MappedWindow
 from deferq._core.errors import DeferqError
-from deferq._core.format import dead_data_name, is_wal_file_name
 from deferq._core.limits import DEFAULT_PREFIX
+from deferq._core.names import dead_data_name, is_wal_file_name
 from deferq._engine.osenv import OsEnv
 from deferq.backends import Disk
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from deferq.powertest._check import Observation
+from deferq.powertest._observe import Observation
 from deferq.powertest._queue_roles import ALWAYS_FAIL_MAX_RETRIES, GIVE_UP_ATTEMPTS, AlwaysFail
 from deferq.powertest._workers import Event
 
