@@ -52,9 +52,9 @@ class Journal:
         """The queue started on ``loop``: group commits and the flusher run on it."""
         self._loop = loop
 
-    def commits_on(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Whether ``add_durable`` may be awaited on ``loop``: a power-safe Disk, bound to it."""
-        return self._disk is not None and loop is self._loop
+    def commits_here(self) -> bool:
+        """Whether ``add_durable`` may be awaited here: a power-safe Disk, bound to this loop."""
+        return self._disk is not None and asyncio.get_running_loop() is self._loop
 
     # ------------------------------------------------------------------ transitions
     def add(self, data: bytes, publish_at: int | None, task_id: str | None) -> str:
@@ -67,7 +67,7 @@ class Journal:
     async def add_durable(self, data: bytes, publish_at: int | None) -> str:
         """Implements Q-20: write a new task unsynced, return once a group commit covered it.
 
-        Only when ``commits_on`` the running loop.
+        Only when ``commits_here`` is true.
         """
         disk = self._disk
         assert disk is not None

@@ -166,7 +166,7 @@ class Queue:
         if bp is not None and self._scheduler.backlog > bp.high_water_mark:
             await self._scheduler.make_room()  # (tested here first: no coroutine per enqueue)
         journal = self._journal
-        if not journal.commits_on(asyncio.get_running_loop()):
+        if not journal.commits_here():
             # Not a power-safe Disk, not started, or awaited on another loop: the inline
             # fsync of ``enqueue``.
             return self._persist_and_schedule(data, context, cls, delay, delay_until)
