@@ -119,7 +119,7 @@ def test_completions_are_covered_by_a_background_group_commit_off_the_loop() -> 
         await queue.wait_idle()
         assert sorted(DONE) == sorted(ids)
         assert disk.pending_tasks() == []  # the removals are written...
-        flusher = queue._flusher
+        flusher = queue._journal._flusher
         if flusher is not None:
             await flusher
         assert _recovered(sim) == []  # ...and durable without stop()
@@ -192,7 +192,7 @@ def test_retries_and_give_ups_are_written_unsynced_and_made_durable_in_the_backg
         assert DONE == [f"{flaky}/1", f"{flaky}/2"]
         assert disk.pending_tasks() == []
         assert [t.id for t in disk.list_dead_tasks()] == [doomed]  # written before the removal
-        flusher = queue._flusher
+        flusher = queue._journal._flusher
         if flusher is not None:
             await flusher
         assert threading.current_thread().name not in env.fsync_threads

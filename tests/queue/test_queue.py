@@ -425,11 +425,11 @@ def test_aenqueue_times_out_after_timeout_iterations_without_persisting() -> Non
         bp = deferq.Backpressure(high_water_mark=2, timeout=0.2)
         assert bp.low == 2 and bp.iterations == 4
         queue = await started(backend, clock, registry=REG, backpressure=bp)
-        queue._backlog = 5  # white box: a backlog the loop cannot drain
+        queue._scheduler.backlog = 5  # white box: a backlog the loop cannot drain
         with pytest.raises(PushTimeout, match="within 0.2 seconds"):
             await queue.aenqueue(Ok)
         assert clock.sleeps == [0.05] * 4 and backend.calls == []
-        queue._backlog = 0
+        queue._scheduler.backlog = 0
 
     run(main())
 
@@ -585,7 +585,7 @@ class FloodsThenFails(deferq.Task, name="q.FloodsThenFails", registry=REG):
     def perform(self) -> None:
         LOG.append(("flood", self.attempt))
         assert FloodsThenFails.queue is not None
-        FloodsThenFails.queue._backlog = 10  # white box: the loop is flooded right now
+        FloodsThenFails.queue._scheduler.backlog = 10  # white box: the loop is flooded right now
         raise Boom("retry me")
 
 
@@ -599,7 +599,7 @@ def test_retry_hitting_push_timeout_stays_in_the_wal_as_last_persisted(
         FloodsThenFails.queue = queue
         task_id = queue.enqueue(FloodsThenFails)
         await queue.wait_idle()
-        queue._backlog = 0
+        queue._scheduler.backlog = 0
         assert LOG == [("flood", 1)]
         assert backend.methods(task_id) == ["add_task"]  # no re-add: still attempts 0
         assert decode_context(backend.wal[task_id].context).attempts == 0

@@ -1,0 +1,203 @@
+"""The queue's executor: one execution of a task and its outcome, and the replay of the WAL.
+
+Rules (spec/queue.md):
+- Every execution ends in exactly one transition, written by the journal: success
+  removes the task; a failure re-adds it under the same id (W-15) with attempts + 1 and
+  the retry delay, after backpressure (Q-11); a give-up dead-letters it (D-13, Q-8).
+  A storage error is logged and leaves the task in the WAL; it never stops the loop.
+- An execution begins only while the queue runs; one that does not begin stays in the
+  WAL. ``KeyboardInterrupt`` and ``SystemExit`` are not failed executions: they propagate.
+- A broken retry policy falls back to the default backoff.
+- At start every pending task is replayed with its remaining delay; one that cannot be
+  loaded (undecodable, or its task not registered) is dead-lettered with the reason,
+  never dropped (Q-9).
+
+Theory of operation: the scheduler calls ``run_plain`` for a plain ``perform`` inside its
+run-soon batch (no asyncio task): ``_begin`` calls ``perform``, a success is removed at
+once, and only a failure or a returned awaitable continues in an asyncio task
+(``_finish``). ``run`` is the whole execution of an async ``perform`` as its own asyncio
+task. ``_begin`` and ``_finish`` keep the backlog and ``inflight`` counts and tell the
+scheduler when an execution ended, so ``wait_idle`` and ``stop`` see it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import random
+from collections.abc import Callable
+from typing import Final
+
+from deferq._core.types import PendingTask
+from deferq._runtime.clock import Clock
+from deferq._runtime.errors import PushTimeout, UnloadableTaskError
+from deferq._runtime.journal import Journal
+from deferq._runtime.scheduler import Scheduler
+from deferq._runtime.serialize import Context, ContextCodec, ContextError
+from deferq._runtime.task import Task, TaskRegistry, default_backoff, next_retry_in
+
+log = logging.getLogger("deferq.queue")
+
+UNKNOWN_TASK_CLASS: Final = "<unknown>"
+
+
+class Executor:
+    """Runs executions the scheduler began, and writes each one's outcome to the journal."""
+
+    def __init__(self, scheduler: Scheduler, journal: Journal, *, registry: TaskRegistry,
+                 codec: ContextCodec, clock: Clock, rng: random.Random) -> None:
+        self._scheduler = scheduler
+        self._journal = journal
+        self._registry = registry
+        self._codec = codec
+        self._clock = clock
+        self._rng = rng
+        self.inflight = 0  # executions running
+        # Bound once: called per execution.
+        self._maybe_idle = scheduler.maybe_idle
+        self._job_done = scheduler.job_done
+        self._remove = journal.remove
+        scheduler.attach(self.run_plain, self.run)
+
+    # ------------------------------------------------------------------ one execution
+    def run_plain(self, task_id: str, context: Context, cls: type[Task], counted: bool) -> None:
+        """One execution of a plain ``perform``, in the scheduler's run-soon batch.
+
+        A success is removed here; a failure, or an awaitable returned by ``perform``,
+        continues in an asyncio task (``_finish``) like an async execution.
+        """
+        begun = self._begin(task_id, context, cls, counted, self._maybe_idle)
+        if begun is None:
+            return
+        instance, result, error = begun
+        if error is not None or (result is not None and inspect.isawaitable(result)):
+            scheduler = self._scheduler
+            assert scheduler.loop is not None
+            scheduler.work.add(scheduler.loop.create_task(
+                self._finish(task_id, context, cls, instance, result, error)))
+            return
+        try:
+            self._remove(task_id)
+        except Exception:  # noqa: BLE001 - storage errors must not stop the loop
+            log.exception("deferred task %s: storage error; it stays in the WAL", task_id)
+        finally:
+            self.inflight -= 1
+            self._maybe_idle()
+
+    async def run(self, task_id: str, context: Context, cls: type[Task], counted: bool) -> None:
+        """One execution of an async ``perform``, as its own asyncio task."""
+        begun = self._begin(task_id, context, cls, counted, self._job_done)
+        if begun is not None:
+            await self._finish(task_id, context, cls, *begun)
+
+    def _begin(self, task_id: str, context: Context, cls: type[Task], counted: bool,
+               ended: Callable[[], None]) -> tuple[Task | None, object, Exception | None] | None:
+        """Start an execution: ``_perform``'s outcome, or None when the queue is stopping
+        (the task stays in the WAL). ``ended`` runs when the execution ends here."""
+        scheduler = self._scheduler
+        if counted:
+            scheduler.backlog -= 1
+        if not scheduler.running:
+            ended()
+            return None
+        self.inflight += 1
+        try:
+            return self._perform(task_id, context, cls)
+        except BaseException:  # KeyboardInterrupt, SystemExit: not a failed execution
+            self.inflight -= 1
+            ended()
+            raise
+
+    async def _finish(self, task_id: str, context: Context, cls: type[Task],
+                      instance: Task | None, result: object, error: Exception | None) -> None:
+        """The rest of an execution in its asyncio task: await the result, then one transition."""
+        try:
+            try:
+                if error is None and result is not None and inspect.isawaitable(result):
+                    try:
+                        await result
+                    except Exception as exc:  # noqa: BLE001 - a failed execution
+                        error = exc
+                if error is not None:
+                    log.error("Deferred task failed with exception: %s (%s)",
+                              type(error).__name__, error, exc_info=error)
+                    await self._failed(task_id, context, cls, instance, error)
+                else:
+                    self._remove(task_id)
+            except Exception:  # noqa: BLE001 - storage errors must not kill the loop's task
+                log.exception("deferred task %s: storage error; it stays in the WAL", task_id)
+            finally:
+                self.inflight -= 1
+        finally:
+            self._job_done()
+
+    def _perform(self, task_id: str, context: Context, cls: type[Task]
+                 ) -> tuple[Task | None, object, Exception | None]:
+        """Instantiate the task and call ``perform``: (instance or None, result, failure)."""
+        instance: Task | None = None
+        try:
+            instance = cls()
+            instance.rng, instance.task_id, instance.attempt = (
+                self._rng, task_id, context.attempts + 1)
+            perform: object = getattr(instance, "perform")
+            if not callable(perform):
+                raise TypeError(f"{cls.task_name}.perform is not callable")
+            return instance, perform(*context.args, **context.kwargs), None
+        except Exception as exc:  # noqa: BLE001 - any failure of the task is a failed execution
+            return instance, None, exc
+
+    async def _failed(self, task_id: str, context: Context, cls: type[Task],
+                      instance: Task | None, exc: Exception) -> None:
+        """A failed execution: a retry under the same id (W-15), or a give-up (D-13, Q-8)."""
+        attempts = context.attempts + 1
+        retried = context.with_attempts(attempts)
+        data = self._codec.encode(retried)
+        if instance is None:
+            instance = object.__new__(cls)
+            instance.rng = self._rng
+        try:
+            retry_in = next_retry_in(instance, exc, attempts)
+        except Exception:  # noqa: BLE001 - a broken policy falls back to the default
+            log.exception("%s.retry_interval raised; falling back to default backoff",
+                          cls.task_name)
+            retry_in = None if attempts > cls.max_retries else default_backoff(attempts, self._rng)
+        if retry_in is None:
+            await self._journal.give_up(task_id, data, exc, cls.task_name, attempts)
+            return
+        try:
+            await self._scheduler.make_room()
+        except PushTimeout as push:
+            log.error("deferred task %s: retry not scheduled (%s); it stays in the WAL", task_id,
+                      push)
+            return
+        seconds = int(retry_in)
+        publish_at = int(self._clock.time()) + seconds if seconds > 0 else None
+        self._journal.readd(data, publish_at, task_id)  # same id, this WAL only (W-15)
+        self._scheduler.schedule(task_id, retried, cls, seconds if seconds > 0 else None)
+
+    # ------------------------------------------------------------------ replay
+    async def replay(self, pending: PendingTask, now: int) -> None:
+        """Implements Q-9 for one pending task: schedule it with its remaining delay."""
+        try:
+            context = self._codec.decode(pending.context)
+            cls = self._registry.get(context.task)
+            if cls is None:
+                raise ContextError(f"task {context.task!r} is not registered")
+        except ContextError as reason:
+            await self.dead_letter_unloadable(pending, str(reason))
+            return
+        publish_in = None if pending.publish_at is None else pending.publish_at - now
+        self._scheduler.schedule(pending.task_id, context, cls, publish_in)
+
+    async def dead_letter_unloadable(self, pending: PendingTask, reason: str) -> None:
+        """Implements Q-9: a task that cannot be loaded is dead-lettered with the reason."""
+        log.error("Failed to load deferred task %s: %s. Moving it to the dead-task store.",
+                  pending.task_id, reason)
+        name = self._codec.peek_task_name(pending.context) or UNKNOWN_TASK_CLASS
+        try:
+            attempts = self._codec.decode(pending.context).attempts
+        except ContextError:
+            attempts = 0
+        error = UnloadableTaskError(f"cannot load the task: {reason}")
+        await self._journal.give_up(pending.task_id, pending.context, error, name[:1024],
+                                    attempts)

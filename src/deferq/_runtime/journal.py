@@ -1,0 +1,174 @@
+"""The queue's journal: every transition the queue writes to its backend, and the group commit.
+
+Rules (spec/queue.md):
+- A task is written before it is scheduled (Q-6, Q-7); every execution ends in exactly one
+  transition here: ``remove`` (success), ``readd`` (a retry, same id, this WAL only, W-15)
+  or ``give_up`` (D-13, Q-8: the dead-task write first, the WAL removal only after it
+  returned; when the dead-task write fails the WAL entry stays and is replayed at the
+  next start).
+- Dead-task store calls block on a cross-process lock, so they run in a worker thread
+  (``asyncio.to_thread``); the event loop never waits on a lock (Q-10).
+- Only a power-safe ``Disk`` (``group_commit`` true) is written unsynced; every other
+  backend is called exactly as the Backend protocol describes, with its default ``sync``.
+
+Theory of operation (group commit, Q-20..Q-23): ``add_durable`` (``aenqueue``) writes its
+record unsynced and awaits ``_commit_through`` its ticket. At most one commit runs at a
+time; it reads the WAL's latest ticket on the loop, so it covers every record the loop
+wrote before it began, and runs the fsync on the queue's commit thread (``Committer``,
+Q-23). Completions and retry re-adds are written unsynced and ``_flush_later`` starts a
+background flusher that commits until it caught up with them (Q-22). ``close`` waits for
+that flusher, syncs the WAL and ends the commit thread (Q-15).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+from deferq._runtime.committer import Committer
+from deferq.backends.protocol import Backend
+
+log = logging.getLogger("deferq.queue")
+
+
+class Journal:
+    """The queue's writer of backend transitions (add, re-add, remove, give up) and commits."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._local_ids = itertools.count(1)  # ids of tasks a backend does not store (Nil)
+        # Group commit (Q-20..Q-23): only for a power-safe Disk; other backends are called
+        # exactly as before.
+        self._disk: Backend | None = backend if backend.group_commit else None
+        self._committed = 0  # the highest WAL ticket a completed group commit covered
+        self._commit: asyncio.Future[None] | None = None  # the group commit in flight
+        self._wanted = 0  # the highest ticket the background flusher must cover
+        self._committer: Committer | None = None  # the thread of every commit's fsync (Q-23)
+        self._flusher: asyncio.Task[None] | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The queue started on ``loop``: group commits and the flusher run on it."""
+        self._loop = loop
+
+    def commits_here(self) -> bool:
+        """Whether ``add_durable`` may be awaited here: a power-safe Disk, bound to this loop."""
+        return self._disk is not None and asyncio.get_running_loop() is self._loop
+
+    # ------------------------------------------------------------------ transitions
+    def add(self, data: bytes, publish_at: int | None, task_id: str | None) -> str:
+        """Write a task with the backend's own durability (``enqueue``: an inline fsync)."""
+        stored = self.backend.add_task(data, publish_at, task_id)
+        if stored is not None:
+            return stored
+        return task_id if task_id is not None else f"local-{next(self._local_ids)}"  # Nil
+
+    async def add_durable(self, data: bytes, publish_at: int | None) -> str:
+        """Implements Q-20: write a new task unsynced, return once a group commit covered it.
+
+        Only when ``commits_here`` is true.
+        """
+        disk = self._disk
+        assert disk is not None
+        stored = disk.add_task(data, publish_at, None, sync=False)
+        task_id = stored if stored is not None else f"local-{next(self._local_ids)}"
+        await self._commit_through(disk, disk.written_ticket())
+        return task_id
+
+    def readd(self, data: bytes, publish_at: int | None, task_id: str) -> None:
+        """A retry's re-add; on a power-safe Disk, unsynced with a background commit (Q-22)."""
+        disk = self._disk
+        if disk is None:
+            self.add(data, publish_at, task_id)
+            return
+        disk.add_task(data, publish_at, task_id, sync=False)
+        self._flush_later(disk)
+
+    def remove(self, task_id: str) -> None:
+        """Record a finished task; on a power-safe Disk, unsynced with a background commit (Q-22)."""
+        disk = self._disk
+        if disk is None:
+            self.backend.remove_task(task_id)
+            return
+        disk.remove_task(task_id, sync=False)
+        self._flush_later(disk)
+
+    async def give_up(self, task_id: str, data: bytes, exc: BaseException, task_class: str,
+                      attempts: int) -> None:
+        """Implements D-13 / Q-8: dead-task write first, WAL removal only after it returned."""
+        try:
+            await asyncio.to_thread(self.backend.add_dead_task, task_id, data, exc,
+                                    task_class=task_class, attempts=attempts)
+        except Exception as dead:  # noqa: BLE001 - the task must stay in the WAL
+            log.error("deferred task %s could not be dead-lettered (%s: %s); it stays in the WAL "
+                      "and is replayed at the next start", task_id, type(dead).__name__, dead)
+            return
+        self.remove(task_id)
+
+    async def settle(self) -> None:
+        """Wait for the background group commit to finish (``stop``, before ``close``)."""
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
+
+    def close(self) -> None:
+        """Implements Q-15 for the WAL: sync it, then end the commit thread."""
+        try:
+            self.backend.sync()
+        finally:
+            if self._committer is not None:
+                self._committer.close()
+
+    # ------------------------------------------------------------------ group commit
+    async def _commit_through(self, disk: Backend, ticket: int) -> None:
+        """Implements Q-20 and W-21 at the queue: return once ``ticket`` is durable.
+
+        At most one group commit runs at a time: it reads the WAL's latest ticket on
+        the loop, so it covers every record the loop wrote before it began, and
+        fsyncs in a worker thread. Callers whose ticket it did not cover start the
+        next one; a failed commit fails every caller waiting on it (W-22).
+        """
+        while self._committed < ticket:
+            commit = self._commit
+            if commit is None:
+                commit = self._commit = asyncio.ensure_future(self._commit_once(disk))
+                # Its failure reaches every waiter; this only keeps asyncio from warning
+                # when all of them were cancelled.
+                commit.add_done_callback(_retrieve)
+            await asyncio.shield(commit)
+
+    async def _commit_once(self, disk: Backend) -> None:
+        target = disk.written_ticket()
+        try:
+            committer = self._committer
+            if committer is None:
+                assert self._loop is not None
+                committer = self._committer = Committer(self._loop, "deferq-commit")
+            await committer.run(lambda: disk.sync_through(target))
+        finally:
+            self._commit = None
+        if target > self._committed:
+            self._committed = target
+
+    def _flush_later(self, disk: Backend) -> None:
+        """Implements Q-22: a background group commit covers the record just written."""
+        ticket = disk.written_ticket()
+        if ticket > self._wanted:
+            self._wanted = ticket
+        if self._flusher is None and self._loop is not None:
+            self._flusher = self._loop.create_task(self._flush(disk))
+
+    async def _flush(self, disk: Backend) -> None:
+        try:
+            while self._committed < self._wanted:
+                await self._commit_through(disk, self._wanted)
+        except Exception:  # noqa: BLE001 - the WAL is broken; the records stay unsynced
+            log.exception("group commit of the tasks WAL failed; unsynced completions and "
+                          "retries may be undone by a power loss")
+        finally:
+            self._flusher = None
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

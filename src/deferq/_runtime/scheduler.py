@@ -1,0 +1,217 @@
+"""The queue's scheduler: when each persisted task begins, and the bookkeeping of pending work.
+
+Rules (spec/queue.md):
+- Only a task already written to the backend is scheduled (Q-6, Q-7); one not scheduled
+  (the queue not started, or stopping) stays in the WAL and the next start replays it.
+- An immediate task counts in the backlog from ``schedule`` until its execution begins;
+  backpressure (Q-11) waits on that count, in ``make_room``.
+- A delayed task waits for its time in a timer (an asyncio task sleeping on the
+  ``Clock``); then it runs, without counting in the backlog.
+- ``stop`` (Q-15) cancels the timers, waits up to a timeout for the work that was
+  scheduled or running, then drops or cancels the rest: it all stays in the WAL.
+
+Theory of operation: a plain (sync) ``perform`` waits in ``_soon`` with the context it was
+scheduled in; ``_run_soon``, one loop callback, runs every execution queued before it
+began. An async ``perform`` is an asyncio task in ``work``, as is the rest of a plain one
+that failed or returned an awaitable (the executor adds it). An asyncio task, or a loop
+callback, per execution costs several us more (docs/queue.md), so the batch stays. The
+executions themselves are the executor's (``attach`` hands over its two entry points,
+bound once); this module only decides when they begin and tracks what is left, so that
+``wait_idle`` and ``stop`` can wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import inspect
+from collections.abc import Callable, Coroutine
+
+from deferq._runtime.backpressure import BACKPRESSURE_SLEEP_S, Backpressure
+from deferq._runtime.clock import Clock
+from deferq._runtime.errors import PushTimeout
+from deferq._runtime.serialize import Context
+from deferq._runtime.task import Task
+
+# A plain execution waiting for _run_soon: the context it was scheduled in, its arguments.
+_Soon = tuple[contextvars.Context, str, Context, "type[Task]", bool]
+# The executor's entry points: (task_id, context, cls, counted in the backlog).
+RunPlain = Callable[[str, Context, "type[Task]", bool], None]
+RunAsync = Callable[[str, Context, "type[Task]", bool], Coroutine[object, object, None]]
+
+
+class Scheduler:
+    """Timers of delayed tasks, the run-soon batch, the backlog and the work still pending."""
+
+    def __init__(self, clock: Clock, backpressure: Backpressure | None) -> None:
+        self.clock = clock
+        self.backpressure = backpressure
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.running = False  # executions may be scheduled and begin (the queue is RUNNING)
+        self.backlog = 0  # immediate tasks scheduled, not yet picked up
+        self.work: set[asyncio.Task[None]] = set()  # executions that are asyncio tasks
+        self._soon: collections.deque[_Soon] = collections.deque()
+        self._soon_handle: asyncio.Handle | None = None
+        self._async_perform: dict[type[Task], bool] = {}
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._timers: set[asyncio.Task[None]] = set()  # delayed tasks waiting for their time
+        self._run_plain: RunPlain | None = None
+        self._run: RunAsync | None = None
+
+    def attach(self, run_plain: RunPlain, run: RunAsync) -> None:
+        """The executor's entry points: a plain execution, and an async one as a coroutine."""
+        self._run_plain, self._run = run_plain, run
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The queue started on ``loop``: executions are scheduled on it from now on."""
+        self.loop = loop
+        self.running = True
+
+    @property
+    def delayed(self) -> int:
+        """Tasks waiting for their publish time in this process."""
+        return len(self._timers)
+
+    # ------------------------------------------------------------------ scheduling
+    def schedule_from_any_thread(self, task_id: str, context: Context, cls: type[Task],
+                                 publish_in: int | None) -> None:
+        loop = self.loop
+        if loop is None:
+            return  # not started: start() replays it from the WAL
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self.schedule(task_id, context, cls, publish_in)
+        else:
+            loop.call_soon_threadsafe(self.schedule, task_id, context, cls, publish_in)
+
+    def schedule(self, task_id: str, context: Context, cls: type[Task],
+                 publish_in: float | None) -> None:
+        if not self.running or self.loop is None:
+            return  # stays in the WAL for the next start
+        if publish_in is not None and publish_in > 0:
+            timer = self.loop.create_task(self._wait_then_run(task_id, context, cls, publish_in))
+            self._timers.add(timer)
+            timer.add_done_callback(self._timers.discard)
+        else:
+            self.backlog += 1
+            self._spawn(task_id, context, cls, counted=True)
+
+    def _spawn(self, task_id: str, context: Context, cls: type[Task], *, counted: bool) -> None:
+        loop = self.loop
+        assert loop is not None and self._run is not None
+        is_async = self._async_perform.get(cls)
+        if is_async is None:
+            is_async = self._async_perform[cls] = inspect.iscoroutinefunction(
+                getattr(cls, "perform", None))
+        if is_async:
+            # The job leaves ``work`` from its own ``finally`` (``job_done``: a done callback
+            # would cost a second event-loop turn per execution); ``stop`` drops the ones it
+            # cancelled before they ever ran.
+            self.work.add(loop.create_task(self._run(task_id, context, cls, counted)))
+        else:
+            self._soon.append((contextvars.copy_context(), task_id, context, cls, counted))
+            if self._soon_handle is None:
+                self._soon_handle = loop.call_soon(self._run_soon)
+
+    async def _wait_then_run(self, task_id: str, context: Context, cls: type[Task],
+                             publish_in: float) -> None:
+        await self.clock.sleep(int(publish_in))
+        if self.running:
+            self._spawn(task_id, context, cls, counted=False)
+
+    def _run_soon(self) -> None:
+        """The loop callback of plain executions: run those queued before it began, in order.
+
+        Each runs in the context it was scheduled in, as its own callback would. Ones
+        queued meanwhile wait for the next loop iteration, as new callbacks do.
+        """
+        self._soon_handle = None
+        soon = self._soon
+        run = self._run_plain
+        assert run is not None
+        try:
+            for _ in range(len(soon)):
+                if not soon:
+                    break  # stop() dropped them
+                ctx, task_id, context, cls, counted = soon.popleft()
+                ctx.run(run, task_id, context, cls, counted)
+        finally:
+            if soon and self._soon_handle is None and self.loop is not None:
+                self._soon_handle = self.loop.call_soon(self._run_soon)
+
+    # ------------------------------------------------------------------ backpressure
+    async def make_room(self) -> None:
+        """Implements Q-11: wait until the backlog is at the low water mark, or PushTimeout."""
+        bp = self.backpressure
+        if bp is None or self.backlog <= bp.high_water_mark:
+            return
+        for _ in range(bp.iterations):
+            if self.backlog <= bp.low:
+                return
+            await self.clock.sleep(BACKPRESSURE_SLEEP_S)
+        if self.backlog > bp.low:
+            raise PushTimeout(f"could not enqueue deferred task within {bp.timeout} seconds")
+
+    # ------------------------------------------------------------------ pending work
+    async def wait_idle(self) -> None:
+        """Return when no immediate or running work is left (delayed tasks may remain)."""
+        while self.work or self._soon:
+            await self._idle_waiter()
+
+    def _idle_waiter(self) -> asyncio.Future[None]:
+        """A future resolved the next time no immediate or running work is left."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._idle_waiters.append(waiter)
+        return waiter
+
+    def maybe_idle(self) -> None:
+        """An execution ended: wake the idle waiters if it was the last piece of work."""
+        if self._idle_waiters and not self.work and not self._soon:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def job_done(self) -> None:
+        """The current asyncio task's execution ended: it leaves ``work``."""
+        job = asyncio.current_task()
+        if job is not None:
+            self.work.discard(job)
+        self.maybe_idle()
+
+    async def stop(self, timeout_s: float) -> bool:
+        """Implements Q-15 for the work: refuse new executions, cancel the timers, wait up to
+        ``timeout_s`` for the rest, then drop or cancel what is left (it stays in the WAL).
+
+        True when every execution finished in time.
+        """
+        self.running = False
+        for timer in self._timers:
+            timer.cancel()
+        finished = await self._wait_work(timeout_s)
+        self._soon.clear()  # plain executions that never began: they stay in the WAL
+        leftovers = set(self.work) | set(self._timers)
+        for job in leftovers:
+            job.cancel()
+        if leftovers:
+            await asyncio.gather(*leftovers, return_exceptions=True)
+            self.work.difference_update(leftovers)  # cancelled before their first step
+        return finished
+
+    async def _wait_work(self, timeout_s: float) -> bool:
+        if not self.work and not self._soon:
+            return True
+        deadline = asyncio.ensure_future(self.clock.sleep(timeout_s))
+        try:
+            while self.work or self._soon:
+                idle = self._idle_waiter()
+                await asyncio.wait({idle, deadline}, return_when=asyncio.FIRST_COMPLETED)
+                if deadline.done():
+                    return not self.work and not self._soon
+            return True
+        finally:
+            deadline.cancel()
