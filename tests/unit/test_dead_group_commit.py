@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from deferq._engine.deadstore import DeadTaskStore, _AddRequest
+from deferq._engine.deadadds import _AddRequest
+from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.env import OpenFlag
 from deferq._core.deadcodec import encode_dead
 from deferq._core.errors import DeadTasksLockTimeout, StorageBrokenError

@@ -1,6 +1,6 @@
 """The one seam between the engine and the world (cf. LevelDB ``Env``).
 
-Rules: the engine (``_wal``, ``_deadstore``, ``_io``, ``backends``) performs every
+Rules: the engine (``_wal``, ``_deadstore`` and its parts, ``_io``, ``backends``) performs every
 file operation and reads every process fact (clock, sleep, pid, randomness,
 local date, timers) through an ``Env``. ``deferq._engine.osenv.OsEnv`` is the real
 one; ``deferq.crashtest`` provides a simulated one with crash injection. A test

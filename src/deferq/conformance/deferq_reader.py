@@ -36,7 +36,7 @@ R_G = "R-@G"
 
 
 class _Logged(logging.Handler):
-    """Collects the totals a Disk logs (wal.py and deadstore.py: one warning per operation)."""
+    """Collects the totals a Disk logs (wal.py, deadreads.py and compact.py: one warning per operation)."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)

@@ -1,0 +1,248 @@
+"""The dead-task store's reads: ``list`` and ``find`` (spec/dead-tasks.md S-6, S-7, S-10..S-13).
+
+Rules: every read runs under the store's locks (``_locked``, L-1..L-3) and opens the
+data file by path for that one operation (S-3); nothing here writes the data file.
+
+Theory of operation: a read uses the per-process index (``deadindex.DeadIndex``)
+once one is built and ``_checked_index`` has checked it against the file just
+opened (S-10); otherwise it reads backwards from the newest end in bounded chunks
+(S-6; ``find`` through ``NeedleScan``, S-13). Scans count the bytes they read, and
+when those reach the file's size the next read builds the index (S-11). Damage is
+counted as the line-by-line scan would count it and reported once per call (S-7,
+S-12).
+
+``DeadReads`` is a mixin of ``deadstore.DeadTaskStore``, not a separate object: the
+index is shared state of one store (adds extend it, compaction drops it), and the
+crash catalogue's mutants override ``_locked`` and ``_index_class`` on the store, so
+the reads must reach them through ``self``. The attributes and methods declared
+below without a body are the store's (``deadstore.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from deferq._engine.deadindex import (
+    DeadIndex,
+    NeedleScan,
+    RecordReader,
+    StaleIndex,
+    dead_line,
+)
+from deferq._engine.env import Env, FileStat, OpenFlag
+from deferq._core.format import (
+    BadLine,
+    decode_dead_payload,
+    decode_dead_record,
+)
+from deferq._engine.io import lines_backward
+from deferq._core.limits import LINE_BYTES_MAX
+from deferq._core.types import DeadTask
+
+log = logging.getLogger("deferq")
+
+
+class DeadReads:
+    """The reads of ``DeadTaskStore`` and the index they keep (S-6, S-7, S-10..S-13)."""
+
+    # The store's state (deadstore.DeadTaskStore.__init__ / _init_process_state).
+    _env: Env
+    _data: str
+    _lock_fd: int
+    _index: DeadIndex | None
+    _cold_bytes: int  # bytes read by scans since the index was last dropped (S-11)
+    _index_class: type[DeadIndex]
+
+    if TYPE_CHECKING:  # defined by DeadTaskStore
+        def _locked(self, operation: str) -> contextlib.AbstractContextManager[None]: ...
+        def _check_usable(self) -> None: ...
+        def _open_data(self, flags: OpenFlag) -> int | None: ...
+
+    # ------------------------------------------------------------------ the index
+
+    def _drop_index(self) -> None:
+        self._index = None
+        self._cold_bytes = 0
+
+    def _checked_index(self, fd: int, stat: FileStat, *, build: bool = False) -> DeadIndex | None:
+        """Implements S-10, S-11: the index, checked against ``fd`` and extended; or None.
+
+        With no usable index, one is built from the whole file when ``build`` is
+        set or when scans since the last drop have read as many bytes as the file
+        holds (so a build costs at most one more scan's worth of work per scan).
+        """
+        env = self._env
+        index = self._index
+        if index is None and not (
+                build or (stat.size and self._cold_bytes >= stat.size)):
+            return None
+        lock_ctime = env.fstat(self._lock_fd).ctime_ns
+        if index is not None and not index.usable(env, fd, stat, lock_ctime):
+            self._drop_index()
+            index = None
+            if not build:
+                return None
+        if index is None:
+            index = self._index_class(stat, lock_ctime)
+        try:
+            index.extend(env, fd, stat.size)
+        except BaseException:
+            self._drop_index()
+            raise
+        self._index = index
+        return index
+
+    # ------------------------------------------------------------------ list and find
+
+    def list_tasks(self, limit: int | None, offset: int) -> list[DeadTask]:
+        """Dead tasks newest first, each id once at its latest record (S-6, R-@H)."""
+        if limit == 0:
+            self._check_usable()
+            return []
+        env = self._env
+        with self._locked("read tasks from"):
+            fd = self._open_data(OpenFlag.READ)
+            if fd is None:
+                return []
+            try:
+                stat = env.fstat(fd)
+                # S-11: a list of everything reads the whole file anyway: index it first.
+                index = self._checked_index(fd, stat, build=limit is None)
+                if index is not None:
+                    try:
+                        return self._list_indexed(index, fd, stat.size, offset, limit)
+                    except StaleIndex:
+                        self._drop_index()
+                return self._scan_newest_first(fd, stat.size, offset, limit)
+            finally:
+                env.close(fd)
+
+    def find(self, task_id: str) -> DeadTask | None:
+        """The latest record of ``task_id``, or None (S-6, R-@H)."""
+        env = self._env
+        with self._locked("read tasks from"):
+            fd = self._open_data(OpenFlag.READ)
+            if fd is None:
+                return None
+            try:
+                stat = env.fstat(fd)
+                index = self._checked_index(fd, stat)
+                if index is not None:
+                    try:
+                        return self._find_indexed(index, fd, stat.size, task_id)
+                    except StaleIndex:
+                        self._drop_index()
+                return self._find_scan(fd, stat.size, task_id)
+            finally:
+                env.close(fd)
+
+    def _report(self, corrupt: int, undecodable: list[str]) -> None:
+        """Implements S-7: one error per undecodable record, one warning for the damage."""
+        for task_id in undecodable:
+            log.error("Can't deserialize the dead-lettered task with id %s", task_id)
+        if corrupt:
+            log.warning("Detected %d corrupted dead-lettered task record(s) in %s",
+                        corrupt, self._data)
+
+    def _list_indexed(self, index: DeadIndex, fd: int, size: int, offset: int,
+                      limit: int | None) -> list[DeadTask]:
+        """Implements S-11, S-12: the page of S-6 read through the index."""
+        out: list[DeadTask] = []
+        undecodable: list[str] = []
+        stop = 0  # a scan that does not fill the page reads the whole file
+        reader = RecordReader(index, self._env, fd)
+        everything = len(index.offs)
+        for position in index.newest(offset):
+            task = decode_dead_record(index.ids[position], reader.read(
+                position, everything if limit is None else limit - len(out)))
+            if isinstance(task, BadLine):
+                undecodable.append(index.ids[position])
+            else:
+                out.append(task)
+                if limit is not None and len(out) >= limit:
+                    stop = index.key(position)
+                    break
+        corrupt = (1 if size > index.end else 0) + sum(
+            damage.faults for damage in index.damage_from(stop))
+        self._report(corrupt, undecodable)
+        return out
+
+    def _find_indexed(self, index: DeadIndex, fd: int, size: int,
+                      task_id: str) -> DeadTask | None:
+        """Implements S-11, S-12: find through the index, counting damage as S-7 says."""
+        env = self._env
+        needle = _needle(task_id)
+        position = index.latest.get(task_id)
+        payload = None if position is None else RecordReader(index, env, fd).read(position, 1)
+        corrupt = 0
+        if index.end < size <= index.end + LINE_BYTES_MAX:
+            corrupt += needle in env.pread(fd, size - index.end, index.end)
+        for damage in index.damage_from(0 if position is None else index.key(position)):
+            if damage.readable and damage.length >= len(needle):
+                if needle in env.pread(fd, damage.length, damage.start):
+                    corrupt += damage.faults
+        found = None if payload is None else decode_dead_record(task_id, payload)
+        self._report(corrupt, [task_id] if isinstance(found, BadLine) else [])
+        return found if isinstance(found, DeadTask) else None
+
+    def _find_scan(self, fd: int, size: int, task_id: str) -> DeadTask | None:
+        """Implements S-6, S-7, S-13: the lines holding the id's body prefix, newest first."""
+        scan = NeedleScan(self._env, fd, size, _needle(task_id))
+        corrupt = 0
+        found: DeadTask | None = None
+        undecodable: list[str] = []
+        for raw in scan.lines():
+            framed, _, faults = dead_line(raw)
+            corrupt += faults
+            if framed is None or framed.task_id != task_id:
+                continue
+            task = decode_dead_payload(framed)
+            if isinstance(task, BadLine):
+                undecodable.append(task_id)
+            else:
+                found = task
+            break
+        self._cold_bytes += scan.bytes_read
+        self._report(corrupt, undecodable)
+        return found
+
+    def _scan_newest_first(self, fd: int, size: int, offset: int,
+                           limit: int | None) -> list[DeadTask]:
+        """Up to ``limit`` decoded tasks newest first, read backwards in chunks under the lock.
+
+        The first ``offset`` distinct ids (latest records with a valid frame) are
+        skipped without decoding their payloads, so only their ids are held (D-14).
+        Stops reading as soon as it has ``limit`` tasks.
+        """
+        out: list[DeadTask] = []
+        seen: set[str] = set()
+        corrupt = 0
+        low = size
+        undecodable: list[str] = []
+        for raw in lines_backward(self._env, fd, size):
+            low = raw.offset
+            framed, _, faults = dead_line(raw)
+            corrupt += faults
+            if framed is None or framed.task_id in seen:
+                continue
+            seen.add(framed.task_id)
+            if offset:
+                offset -= 1
+                continue
+            task = decode_dead_payload(framed)
+            if isinstance(task, BadLine):
+                undecodable.append(framed.task_id)
+            else:
+                out.append(task)
+            if limit is not None and len(out) >= limit:
+                break
+        self._cold_bytes += size - low
+        self._report(corrupt, undecodable)
+        return out
+
+
+def _needle(task_id: str) -> bytes:
+    """The body prefix of ``task_id``'s records: find's filter before any CRC work (S-7)."""
+    return b"dead_task:" + task_id.encode("utf-8") + b":"
