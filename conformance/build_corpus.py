@@ -16,6 +16,10 @@ So ``expected.json`` is the engine's outcome only where the engine and a reading
 spec agree; the cases where they did not (or the spec is silent) are left out and listed
 in conformance/README.md. The default output is the package data of ``deferq.conformance``
 (one copy, shipped in the wheel and found from a checkout).
+
+Why one module of about 600 lines: most of it is the list of cases, one short function per
+case, each read next to its neighbours (the clean stores, then one recovery-table row after
+another); split across files, the corpus's coverage could no longer be read in one place.
 """
 
 from __future__ import annotations

@@ -31,13 +31,18 @@ import logging
 from typing import TYPE_CHECKING
 from zlib import crc32
 
-from deferq._engine.deadindex import DEAD_BODY_PREFIX, ID_START, dead_line
-from deferq._engine.env import Env, OpenFlag
 from deferq._core.errors import StorageBrokenError
 from deferq._core.frame import CRC_HEX_BYTES, HEADER_BYTES
-from deferq._engine.io import chunks_forward, write_all
-from deferq._core.limits import FILE_MODE, LINE_BYTES_MAX, TASK_ID_BYTES_MAX, WRITE_BATCH_BYTES
+from deferq._core.limits import (
+    FILE_MODE,
+    LINE_BYTES_MAX,
+    TASK_ID_BYTES_MAX,
+    WRITE_BATCH_BYTES,
+)
 from deferq._core.recovery import ChunkLines, RawLine
+from deferq._engine.deadindex import DEAD_BODY_PREFIX, ID_START, dead_line
+from deferq._engine.env import Env, OpenFlag
+from deferq._engine.io import chunks_forward, write_all
 
 log = logging.getLogger("deferq")
 

@@ -30,13 +30,13 @@ import copy
 import threading
 from typing import TYPE_CHECKING, Final
 
-from deferq._engine.deadindex import DeadIndex
-from deferq._engine.env import Env, FileStat, OpenFlag
+from deferq._core.deadcodec import encode_dead
 from deferq._core.errors import StorageBrokenError
-from deferq._core.format import encode_dead
-from deferq._engine.io import repair_tail, write_all
 from deferq._core.limits import FILE_MODE, GROUP_COMMIT_ROUNDS_MAX
 from deferq._core.types import DeadTask
+from deferq._engine.deadindex import DeadIndex
+from deferq._engine.env import Env, FileStat, OpenFlag
+from deferq._engine.io import repair_tail, write_all
 
 _APPEND: Final = OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND  # computed once: enum | costs
 _APPEND_CREATE: Final = _APPEND | OpenFlag.CREATE

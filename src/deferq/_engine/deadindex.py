@@ -32,11 +32,11 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from deferq._engine.env import Env, FileStat
 from deferq._core.deadcodec import DeadLine, decode_dead_line
 from deferq._core.frame import CRC_HEX_BYTES, HEADER_BYTES, BadLine
 from deferq._core.limits import LINE_BYTES_MAX, READ_CHUNK_BYTES, TASK_ID_BYTES_MAX
 from deferq._core.recovery import ChunkLines, RawLine, line_body
+from deferq._engine.env import Env, FileStat
 
 
 def dead_line(raw: RawLine) -> tuple[DeadLine | None, bytes | None, int]:

@@ -24,6 +24,10 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
+from deferq._core.deadcodec import decode_dead_payload, decode_dead_record
+from deferq._core.frame import BadLine
+from deferq._core.limits import LINE_BYTES_MAX
+from deferq._core.types import DeadTask
 from deferq._engine.deadindex import (
     DeadIndex,
     NeedleScan,
@@ -32,14 +36,7 @@ from deferq._engine.deadindex import (
     dead_line,
 )
 from deferq._engine.env import Env, FileStat, OpenFlag
-from deferq._core.format import (
-    BadLine,
-    decode_dead_payload,
-    decode_dead_record,
-)
 from deferq._engine.io import lines_backward
-from deferq._core.limits import LINE_BYTES_MAX
-from deferq._core.types import DeadTask
 
 log = logging.getLogger("deferq")
 

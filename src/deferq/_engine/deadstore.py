@@ -36,15 +36,19 @@ from __future__ import annotations
 import contextlib
 import threading
 
+from deferq._core.errors import (
+    DeadTasksLockTimeout,
+    StorageBrokenError,
+    StorageClosedError,
+)
+from deferq._core.limits import FILE_MODE, LOCK_ATTEMPTS_MAX, lock_sleep_s
+from deferq._core.names import dead_data_name, dead_lock_name, dead_tmp_name
 from deferq._engine.compact import DeadCompaction
 from deferq._engine.deadadds import DeadAdds, _AddRequest
 from deferq._engine.deadindex import DeadIndex
 from deferq._engine.deadreads import DeadReads
 from deferq._engine.env import Env, OpenFlag
-from deferq._core.errors import DeadTasksLockTimeout, StorageBrokenError, StorageClosedError
-from deferq._core.format import dead_data_name, dead_lock_name, dead_tmp_name
 from deferq._engine.io import join
-from deferq._core.limits import FILE_MODE, LOCK_ATTEMPTS_MAX, lock_sleep_s
 
 
 def parent_dir(path: str) -> str:

@@ -17,8 +17,8 @@ import threading
 import weakref
 from collections.abc import Iterator
 
-from deferq._engine.env import Env
 from deferq._core.limits import SEED_TICK_S
+from deferq._engine.env import Env
 
 
 class IdSource:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from deferq._engine.env import Env
 from deferq._core.limits import READ_CHUNK_BYTES, TAIL_SCAN_CHUNK_BYTES
 from deferq._core.recovery import BackwardLines, ForwardLines, RawLine, tail_cut
+from deferq._engine.env import Env
 
 
 def join(directory: str, name: str) -> str:

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from deferq._engine.env import Cancel, FileStat, MappedWindow, OpenFlag
 from deferq._core.limits import WAL_RESERVE_BYTES
+from deferq._engine.env import Cancel, FileStat, MappedWindow, OpenFlag
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _OS_BITS: dict[int, int] = {}  # OpenFlag value -> os.O_* bits

@@ -12,16 +12,15 @@ too: the next add (dead-task store) or the next open (WAL) cuts it.
 from __future__ import annotations
 
 from collections.abc import Callable
-
 from dataclasses import dataclass, field
 
-from deferq._engine.env import Env, OpenFlag
 from deferq._core.deadcodec import decode_dead_line, decode_dead_payload
 from deferq._core.frame import BadLine, LineFault
 from deferq._core.names import dead_data_name, is_wal_file_name
-from deferq._core.walcodec import decode_wal_line
-from deferq._engine.io import join, lines_forward, records_end
 from deferq._core.recovery import line_body
+from deferq._core.walcodec import decode_wal_line
+from deferq._engine.env import Env, OpenFlag
+from deferq._engine.io import join, lines_forward, records_end
 
 
 @dataclass(slots=True)

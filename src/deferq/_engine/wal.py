@@ -42,19 +42,14 @@ from typing import Final
 
 from deferq._core.errors import StorageBrokenError
 from deferq._core.fastreplay import FastWalReplay
-from deferq._core.format import (
-    WalAdd,
-    check_task_id,
-    decode_wal_line,
-    encode_add,
-    encode_rem,
-)
 from deferq._core.limits import (
     WAL_SIZE_INCREASE_RATIO,
     WAL_SIZE_LIMIT_BYTES,
 )
 from deferq._core.recovery import WalReplay, live_fields
+from deferq._core.taskid import check_task_id
 from deferq._core.types import PendingTask
+from deferq._core.walcodec import WalAdd, decode_wal_line, encode_add, encode_rem
 from deferq._engine.env import Env, MappedWindow
 from deferq._engine.ids import id_source
 from deferq._engine.io import chunks_forward, join, records_end

@@ -14,7 +14,8 @@ from deferq.crashtest._workloads import Step, Workload
 
 
 def dead_id(line: bytes) -> str:
-    from deferq._core.format import BadLine, decode_dead_line  # noqa: PLC0415
+    from deferq._core.deadcodec import decode_dead_line  # noqa: PLC0415
+    from deferq._core.frame import BadLine  # noqa: PLC0415
 
     framed = decode_dead_line(line)
     return "" if isinstance(framed, BadLine) else framed.task_id

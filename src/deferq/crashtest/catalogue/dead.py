@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from deferq._core.deadcodec import encode_dead
 from deferq._core.errors import DeadTasksLockTimeout
-from deferq._core.format import encode_dead
 from deferq._core.limits import FILE_MODE, LOCK_ATTEMPTS_MAX, lock_sleep_s
 from deferq._core.types import DeadTask
 from deferq._engine.deadindex import DeadIndex
