@@ -35,6 +35,7 @@ from deferq._runtime.journal import Journal
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import Context, ContextCodec, ContextError
 from deferq._runtime.task import Task, TaskRegistry, default_backoff, next_retry_in
+from deferq.backends._deadtask import task_class_name
 
 log = logging.getLogger("deferq.queue")
 
@@ -199,5 +200,6 @@ class Executor:
         except ContextError:
             attempts = 0
         error = UnloadableTaskError(f"cannot load the task: {reason}")
-        await self._journal.give_up(pending.task_id, pending.context, error, name[:1024],
-                                    attempts)
+        # Implements Q-31: whatever the record holds, the name fits a dead-task record.
+        await self._journal.give_up(pending.task_id, pending.context, error,
+                                    task_class_name(name), attempts)

@@ -13,6 +13,7 @@ from deferq._core.limits import (
     BACKTRACE_FRAMES_MAX,
     EXCEPTION_CLASS_CHARS_MAX,
     EXCEPTION_MESSAGE_CHARS_MAX,
+    TASK_CLASS_BYTES_MAX,
 )
 from deferq._core.taskid import id_seed
 from deferq._core.types import DeadTask, dead_task_of
@@ -25,6 +26,21 @@ def _clip(text: str, limit: int) -> str:
     if not text.isascii():  # ASCII (the usual case) has no surrogates to escape
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else text[: limit - len(_TRUNCATED)] + _TRUNCATED
+
+
+def task_class_name(text: str) -> str:
+    """``text`` as a dead task's ``task_class`` (F-12, Q-31): lone surrogates escaped, and cut to
+    ``TASK_CLASS_BYTES_MAX`` UTF-8 bytes at a character boundary, marked as cut.
+
+    For a name read from a record that could not be loaded: any text it holds is stored,
+    so such a task is always dead-lettered with its reason and never stays pending.
+    """
+    safe = text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+    data = safe.encode("utf-8")
+    if len(data) <= TASK_CLASS_BYTES_MAX:
+        return safe or "<empty>"
+    keep = data[:TASK_CLASS_BYTES_MAX - len(_TRUNCATED)].decode("utf-8", "ignore")
+    return keep + _TRUNCATED
 
 
 def exception_class_name(exception: BaseException) -> str:
