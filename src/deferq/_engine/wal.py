@@ -118,6 +118,9 @@ class TasksWal(WalFiles, WalSpace, WalSync):
         self._ids.raise_floor(replay.seed_max + 1)
         if claimed:
             self._name, self._fd = self._adopt(claimed)
+            # Implements Q-32 at the storage level: which files a start took over.
+            log.info("adopted %d WAL file(s) holding %d pending task(s): %s", len(claimed),
+                     len(self._live), ", ".join(name for name, _ in claimed))
         else:
             self._name, self._fd = self._create_file()
         self._size = env.fstat(self._fd).size  # the end of the records: where writes go

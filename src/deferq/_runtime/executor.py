@@ -120,8 +120,6 @@ class Executor:
                     except Exception as exc:  # noqa: BLE001 - a failed execution
                         error = exc
                 if error is not None:
-                    log.error("Deferred task failed with exception: %s (%s)",
-                              type(error).__name__, error, exc_info=error)
                     await self._failed(task_id, context, cls, instance, error)
                 else:
                     self._remove(task_id)
@@ -163,6 +161,10 @@ class Executor:
                           cls.task_name)
             retry_in = None if attempts > cls.max_retries else default_backoff(attempts, self._rng)
         if retry_in is None:
+            # Implements Q-32: one line an operator can grep, with the traceback.
+            log.error("deferred task %s (%s) attempt %d of %d failed: %s: %s; dead-lettered",
+                      task_id, cls.task_name, attempts, cls.max_retries + 1,
+                      type(exc).__name__, exc, exc_info=exc)
             await self._journal.give_up(task_id, data, exc, cls.task_name, attempts)
             return
         try:
@@ -172,13 +174,19 @@ class Executor:
                       push)
             return
         seconds = int(retry_in)
+        log.warning("deferred task %s (%s) attempt %d of %d failed: %s: %s; retrying in %d s",
+                    task_id, cls.task_name, attempts, cls.max_retries + 1, type(exc).__name__,
+                    exc, max(seconds, 0))
         publish_at = int(self._clock.time()) + seconds if seconds > 0 else None
         self._journal.readd(data, publish_at, task_id)  # same id, this WAL only (W-15)
         self._scheduler.schedule(task_id, retried, cls, seconds if seconds > 0 else None)
 
     # ------------------------------------------------------------------ replay
-    async def replay(self, pending: PendingTask, now: int) -> None:
-        """Implements Q-9 for one pending task: schedule it with its remaining delay."""
+    async def replay(self, pending: PendingTask, now: int) -> bool:
+        """Implements Q-9 for one pending task: schedule it with its remaining delay.
+
+        Returns False when the task could not be loaded (it was dead-lettered instead).
+        """
         try:
             context = self._codec.decode(pending.context)
             cls = self._registry.get(context.task)
@@ -186,15 +194,16 @@ class Executor:
                 raise ContextError(f"task {context.task!r} is not registered")
         except ContextError as reason:
             await self.dead_letter_unloadable(pending, str(reason))
-            return
+            return False
         publish_in = None if pending.publish_at is None else pending.publish_at - now
         self._scheduler.schedule(pending.task_id, context, cls, publish_in)
+        return True
 
     async def dead_letter_unloadable(self, pending: PendingTask, reason: str) -> None:
         """Implements Q-9: a task that cannot be loaded is dead-lettered with the reason."""
-        log.error("Failed to load deferred task %s: %s. Moving it to the dead-task store.",
-                  pending.task_id, reason)
         name = self._codec.peek_task_name(pending.context) or UNKNOWN_TASK_CLASS
+        log.error("deferred task %s (%s) cannot be loaded: %s; dead-lettered", pending.task_id,
+                  task_class_name(name), reason)
         try:
             attempts = self._codec.decode(pending.context).attempts
         except ContextError:

@@ -29,12 +29,13 @@ from __future__ import annotations
 import asyncio
 import datetime
 import enum
+import logging
 import math
 import random
 from collections.abc import Iterable
 
-from deferq._core.types import DeadTask, PendingTask
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
+from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.backpressure import Backpressure
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.errors import PushTimeout
@@ -45,6 +46,8 @@ from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import JSON_CODEC, Context, ContextCodec, ContextError
 from deferq._runtime.task import REGISTRY, Task, TaskRegistry, task_class_of
 from deferq.backends.protocol import Backend
+
+log = logging.getLogger("deferq.queue")
 
 
 class _State(enum.Enum):
@@ -114,8 +117,16 @@ class Queue:
         self._state = _State.RUNNING
         now = int(self.clock.time())
         replay = self._executor.replay
+        replayed = delayed = unloadable = 0
         for pending in self.backend.pending_tasks():
-            await replay(pending, now)
+            if await replay(pending, now):
+                replayed += 1
+                delayed += pending.publish_at is not None and pending.publish_at > now
+            else:
+                unloadable += 1
+        # Implements Q-32: what a start found.
+        log.info("queue started: %d task(s) replayed (%d delayed), %d unloadable one(s) "
+                 "dead-lettered", replayed, delayed, unloadable)
 
     async def stop(self, timeout: float = 10.0) -> bool:
         """Stop taking work, wait up to ``timeout`` s for running tasks, sync the WAL (Q-15).
