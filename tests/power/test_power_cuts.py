@@ -78,7 +78,7 @@ def _queue_figures(stdout: str) -> dict[str, int]:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.spec("D-1", "D-2", "D-3", "D-4", "D-6", "D-7", "D-9", "D-12", "D-13", "W-3", "W-4",
-                  "W-5", "Q-3", "Q-8", "Q-9", "Q-12", "Q-20", "Q-22")
+                  "W-5", "Q-3", "Q-8", "Q-9", "Q-33", "Q-20", "Q-22")
 @pytest.mark.parametrize(("workers", "share"), CI_RUNS, ids=[w for w, _ in CI_RUNS])
 def test_power_cuts_and_kills_lose_nothing_acknowledged(workers: str, share: float) -> None:
     problem = missing_requirements()

@@ -124,7 +124,7 @@ def test_running_a_task_nobody_enqueued_or_with_other_arguments_is_a_violation()
     assert any("with the arguments of 'T2'" in v for v in ledger.violations)
 
 
-@pytest.mark.spec("Q-12")
+@pytest.mark.spec("Q-33")
 def test_an_operator_retry_continues_the_task_under_its_new_id() -> None:
     ledger = QueueLedger(["q0", "qop"])
     give_up_in_order(ledger)

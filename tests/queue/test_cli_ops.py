@@ -1,6 +1,6 @@
 """The operator API and the ``deferq dead|pending|stats`` commands on a real storage directory.
 
-Goal: Q-12..Q-15, Q-24, Q-25: retry is add + fsync before removal, with new ids and
+Goal: Q-13..Q-15, Q-24, Q-25, Q-33: retry is add + fsync before removal, with new ids and
 attempts reset; bulk actions touch only what the filters select and say how
 many; ``--dry-run`` changes nothing; ``pending list`` reads WAL files without
 claiming them, even while a live ``Disk`` holds its file. Method: build the
@@ -119,7 +119,7 @@ def test_dead_remove_by_id_and_by_filter_with_dry_run(storage: Path,
         assert disk.list_dead_tasks() == []
 
 
-@pytest.mark.spec("Q-24", "Q-12", "Q-13")
+@pytest.mark.spec("Q-24", "Q-33", "Q-13")
 def test_dead_retry_all_with_filter(storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ids = build(storage)
     status, out, _ = cli(capsys, storage, "dead", "retry", "--all", "--exception-class",
@@ -183,7 +183,7 @@ class FailingSync(RecordingBackend):
         raise OSError("fsync failed")
 
 
-@pytest.mark.spec("Q-12")
+@pytest.mark.spec("Q-33")
 def test_operator_retry_removes_nothing_when_the_wal_sync_fails() -> None:
     backend = FailingSync()
     context = encode_context(Context("t", (), {}, 5))
@@ -195,7 +195,7 @@ def test_operator_retry_removes_nothing_when_the_wal_sync_fails() -> None:
     assert [m for m, _ in backend.calls] == ["find_dead_task", "add_task", "sync"]
 
 
-@pytest.mark.spec("Q-12")
+@pytest.mark.spec("Q-33")
 def test_operator_retry_keeps_an_undecodable_context_as_is() -> None:
     backend = RecordingBackend()
     backend.add_dead_task("7-1-1", b"raw", RuntimeError("x"), task_class="t", attempts=5)
@@ -230,3 +230,21 @@ def test_file_sizes_shown_to_people_split_a_wal_files_records_from_its_reserved_
         f"{records:>7} bytes (+{wal.stat().st_size - records} reserved)")
     lock = tmp_path / "deferred-dead_tasks.lock"
     assert file_size_text(str(lock)) == "      0 bytes"
+
+
+@pytest.mark.spec("Q-33")
+def test_retry_resets_attempts_by_rewriting_the_field_and_builds_nothing() -> None:
+    import uuid
+
+    from deferq import ContextCodec, JsonTypes
+    from deferq._runtime.serialize import reset_attempts
+
+    plain = encode_context(Context("t", (1, "x"), {"k": [None]}, 9))
+    assert reset_attempts(plain) == encode_context(Context("t", (1, "x"), {"k": [None]}, 0))
+    tagged = ContextCodec(json_types=JsonTypes()).encode(Context("t", (uuid.UUID(int=5),), {}, 4))
+    reset = reset_attempts(tagged)
+    assert json.loads(reset)["attempts"] == 0 and json.loads(reset)["args"] == json.loads(tagged)["args"]
+    for unchanged in (b'{"v": 1, "task": "t", "args": [], "kwargs": {}, "attempts": 3}',
+                      b"deferq-pickle-1:" + b"0" * 64 + b":\x80\x04N.", b"\xff", b"[]",
+                      b'{"v":3,"task":"t","args":[],"kwargs":{},"attempts":3}'):
+        assert reset_attempts(unchanged) == unchanged

@@ -1,4 +1,4 @@
-"""Opt-in pickled contexts, sealed with HMAC-SHA256 (Q-18, Q-19).
+"""Opt-in pickled contexts, sealed with HMAC-SHA256 (Q-18, Q-34).
 
 Goal: the default queue never unpickles; an opted-in queue round-trips
 arbitrary picklable arguments, and any context whose tag does not verify (a
@@ -97,7 +97,7 @@ def test_the_default_queue_refuses_to_unpickle_and_dead_letters_the_task() -> No
     assert backend.methods("t-1") == ["add_dead_task:start", "add_dead_task:done", "remove_task"]
 
 
-@pytest.mark.spec("Q-19")
+@pytest.mark.spec("Q-34")
 @pytest.mark.parametrize("tamper", ["flip a pickle byte", "flip a tag digit", "other key",
                                     "drop the separator"])
 def test_a_context_whose_tag_does_not_verify_is_refused_and_dead_lettered(tamper: str) -> None:
@@ -120,7 +120,7 @@ def test_a_context_whose_tag_does_not_verify_is_refused_and_dead_lettered(tamper
     assert backend.dead["t-1"].exception_class.endswith("UnloadableTaskError")
 
 
-@pytest.mark.spec("Q-19")
+@pytest.mark.spec("Q-34")
 def test_the_envelope_is_magic_hex_tag_colon_pickle() -> None:
     import hashlib
     import hmac
@@ -134,28 +134,40 @@ def test_the_envelope_is_magic_hex_tag_colon_pickle() -> None:
     assert pickle.loads(body) == (1, "p.Stamp", (1, 2), {}, 0)
 
 
-@pytest.mark.spec("Q-19", "Q-12")
-def test_cli_retry_resets_attempts_of_pickled_contexts_with_the_key_from_the_environment(
+class _Planted:
+    """Unpickling this creates a file: what a context sealed by a worker account could do."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.spec("Q-34", "Q-33")
+def test_cli_retry_moves_a_pickled_context_unchanged_and_never_unpickles_it(
         tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
     from pathlib import Path
 
     from deferq._cli import main
     from deferq.backends import Disk
 
     storage = Path(str(tmp_path)) / "storage"
+    marker = Path(str(tmp_path)) / "ran-as-operator"
     codec = ContextCodec(pickle_key=KEY, use_pickle=True)
-    data = codec.encode(Context("p.Stamp", (datetime.date(2026, 1, 1), frozenset()), {}, 7))
+    # A sealed pickle whose loading runs code: anyone with the key (every worker account)
+    # can write one. The operator's retry must move it without loading it.
+    body = pickle.dumps((1, "p.Stamp", (_Planted(str(marker)),), {}, 7))
+    data = codec.encode(Context("p.Stamp", (), {}, 7))
+    data = data[:len(PICKLE_MAGIC)] + codec._tag(body) + b":" + body  # noqa: SLF001 - sealing by hand
     with Disk(path=storage, fsync_frequency=0) as disk:
         disk.add_dead_task("old-1", data, RuntimeError("x"), task_class="p.Stamp", attempts=7)
-    monkeypatch.setenv("DEFERQ_TEST_KEY", KEY.decode())
-    assert main(["dead", "retry", "old-1", "--path", str(storage),
-                 "--pickle-key-env", "DEFERQ_TEST_KEY"]) == 0
+    monkeypatch.setenv("DEFERQ_PICKLE_KEY", KEY.decode())  # a key in reach changes nothing
+    assert main(["dead", "retry", "old-1", "--path", str(storage)]) == 0
+    assert not marker.exists()
     with Disk(path=storage, fsync_frequency=0) as disk:
         [pending] = disk.pending_tasks()
         assert disk.list_dead_tasks() == []
-    assert codec.decode(pending.context).attempts == 0
-    monkeypatch.delenv("DEFERQ_TEST_KEY")
-    with Disk(path=storage, fsync_frequency=0) as disk:
-        disk.add_dead_task("old-2", data, RuntimeError("x"), task_class="p.Stamp", attempts=7)
-    assert main(["dead", "retry", "old-2", "--path", str(storage),
-                 "--pickle-key-env", "DEFERQ_TEST_KEY"]) == 1  # the variable is not set
+    assert pending.context == data  # byte for byte: its attempts stay 7
+    assert main(["dead", "retry", "old-1", "--pickle-key-env", "X", "--path", str(storage)]) == 2

@@ -108,7 +108,7 @@ def _deferq(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60, check=False)
 
 
-@pytest.mark.spec("Q-24", "Q-12", "D-13")
+@pytest.mark.spec("Q-24", "Q-33", "D-13")
 def test_cli_in_another_process_finds_and_retries_a_dead_task(storage: Path) -> None:
     child = spawn(storage, "deadletter")
     try:

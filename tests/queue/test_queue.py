@@ -534,7 +534,7 @@ def test_nil_backend_runs_tasks_without_storing() -> None:
 
 
 # ------------------------------------------------------------------ operator API on the queue
-@pytest.mark.spec("Q-12")
+@pytest.mark.spec("Q-33")
 def test_queue_retry_dead_tasks_adds_and_syncs_before_removing_with_new_ids() -> None:
     async def main() -> None:
         backend, clock = RecordingBackend(), DrivenClock()

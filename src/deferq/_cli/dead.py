@@ -1,11 +1,11 @@
-"""``deferq dead list|show|retry|remove``: the dead-task commands (spec/queue.md Q-12, Q-13,
+"""``deferq dead list|show|retry|remove``: the dead-task commands (spec/queue.md Q-33, Q-13,
 Q-24..Q-28).
 
 Rules:
 - ``list``, ``show`` and ``remove`` open only the dead-task store (its lock, bounded
   waits): they create no WAL file and work while workers run.
 - ``retry`` opens a ``Disk`` (a WAL of its own, fsync on every add), adds each task under
-  a new id, fsyncs, and only then removes the dead records (Q-12); the retried tasks run
+  a new id, fsyncs, and only then removes the dead records (Q-33); the retried tasks run
   at the next start of a worker (a running worker does not adopt another process's WAL).
 - Bulk actions (``--all``) act only on what the filters select; ``--dry-run`` shows the
   selection and changes nothing. Every id asked for and not found is named, on standard
@@ -15,7 +15,6 @@ Rules:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Iterable
 from typing import Final
@@ -37,7 +36,6 @@ from deferq._core.types import DeadTask
 from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.osenv import OS_ENV
 from deferq._runtime.operator import Operator, Retried
-from deferq._runtime.serialize import JSON_CODEC, ContextCodec
 from deferq.backends import Disk
 
 EXIT_NOT_FOUND: Final = 3
@@ -176,17 +174,6 @@ def _dry_run(operator: Operator, ids: list[str], verb: str, json_out: bool) -> i
     return EXIT_NOT_FOUND if missing else 0
 
 
-def _codec(args: argparse.Namespace) -> ContextCodec:
-    """The pickle key comes from an environment variable, never from the command line (Q-19)."""
-    name = getattr(args, "pickle_key_env", None)
-    if name is None:
-        return JSON_CODEC
-    key = os.environ.get(name)
-    if not key:
-        raise ValueError(f"environment variable {name} (--pickle-key-env) is not set")
-    return ContextCodec(pickle_key=key.encode("utf-8"), use_pickle=True)
-
-
 def dead_retry(args: argparse.Namespace) -> int:
     path, prefix, view = _view(args)
     try:
@@ -198,11 +185,10 @@ def dead_retry(args: argparse.Namespace) -> int:
     retried: list[Retried] = []
     missing: list[str] = []
     if ids:
-        codec = _codec(args)
         progress = Progress("retry: steps", 2 * len(ids))
         try:
             with Disk(path=path, prefix=prefix, fsync_frequency=0) as disk:
-                retried, missing = Operator(disk, disk, codec=codec).retry_dead(
+                retried, missing = Operator(disk, disk).retry_dead(
                     ids, on_task=progress.step)
         finally:
             progress.close()

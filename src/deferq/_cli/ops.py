@@ -1,5 +1,5 @@
 """Operator subcommands of ``deferq``: ``dead ...`` (``_cli.dead``), ``pending list``, ``stats``
-and ``verify``, and their arguments (spec/queue.md Q-12..Q-15, Q-17, Q-24..Q-28).
+and ``verify``, and their arguments (spec/queue.md Q-13..Q-15, Q-17, Q-24..Q-28, Q-33).
 
 Rules:
 - Every subcommand takes ``--path`` and ``--prefix`` itself, because the top-level
@@ -234,10 +234,6 @@ def register(sub: Subcommands) -> None:
         bulk.add_argument("--dry-run", action="store_true",
                           help="show the selection, change nothing")
         _json(bulk)
-        if name == "retry":
-            bulk.add_argument("--pickle-key-env", metavar="VAR",
-                              help="read the HMAC key of pickled contexts from this environment "
-                                   "variable (to reset their attempts)")
         bulk.set_defaults(handler=handler)
 
     pending = sub.add_parser("pending", help="inspect pending tasks in WAL files",

@@ -1,10 +1,12 @@
 """Operator tools over a backend: dead-task list/show/retry/remove and stats
-(spec/queue.md Q-12..Q-15); the read-only WAL scan is ``deferq._engine.scan``.
+(spec/queue.md Q-13..Q-15, Q-33); the read-only WAL scan is ``deferq._engine.scan``.
 
 Rules:
-- Retry is durable before it is destructive (Q-12): every selected dead task
-  is added to a WAL under a NEW id with attempts reset to 0, the WAL is
-  fsynced (``sync()``), and only then are the dead records removed. A crash in
+- Retry is durable before it is destructive (Q-33): every selected dead task
+  is added to a WAL under a NEW id with attempts reset to 0 (a JSON context's
+  field rewritten; any other context moved byte for byte: the operator never
+  decodes arguments, let alone unpickles them), the WAL is fsynced
+  (``sync()``), and only then are the dead records removed. A crash in
   between can run a task twice, never lose it. A new id is required because
   the old id may still be pending in another worker's WAL (W-15).
 - Bulk actions act only on what the filters select and return what they
@@ -19,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from deferq._core.types import DeadTask
-from deferq._runtime.serialize import JSON_CODEC, ContextCodec, ContextError
+from deferq._runtime.serialize import reset_attempts
 from deferq.backends.protocol import Backend, DeadTaskAdmin
 
 
@@ -32,23 +34,12 @@ class Retried:
     context: bytes
 
 
-def reset_attempts(context: bytes, codec: ContextCodec = JSON_CODEC) -> bytes:
-    """The context with attempts 0; an undecodable context is returned unchanged (the
-    queue will dead-letter it again, with the reason, when it replays it)."""
-    try:
-        return codec.encode(codec.decode(context).with_attempts(0))
-    except (ContextError, TypeError):
-        return context
-
-
 class Operator:
     """Dead-task operations over a backend; ``wal`` is needed only by ``retry``."""
 
-    def __init__(self, dead: DeadTaskAdmin, wal: Backend | None = None, *,
-                 codec: ContextCodec = JSON_CODEC) -> None:
+    def __init__(self, dead: DeadTaskAdmin, wal: Backend | None = None) -> None:
         self._dead = dead
         self._wal = wal
-        self._codec = codec
 
     def list_dead(self, *, limit: int | None = None, offset: int = 0, task_class: str | None = None,
              exception_class: str | None = None) -> list[DeadTask]:
@@ -67,7 +58,7 @@ class Operator:
 
     def retry_dead(self, ids: Iterable[str], on_task: Callable[[], None] | None = None
                    ) -> tuple[list[Retried], list[str]]:
-        """Move dead tasks back to the WAL (Q-12). Returns (retried, ids not found).
+        """Move dead tasks back to the WAL (Q-33). Returns (retried, ids not found).
 
         ``on_task`` is called once per id looked up and once per task added (for progress).
         """
@@ -89,7 +80,7 @@ class Operator:
         for dead in found:
             if on_task is not None:
                 on_task()
-            context = reset_attempts(dead.context, self._codec)
+            context = reset_attempts(dead.context)
             retried.append(Retried(dead.id, self._wal.add_task(context), context))
         self._wal.sync()
         self._dead.remove_dead_tasks([dead.id for dead in found])

@@ -9,7 +9,7 @@ sections 3 and 4.7). A ``Queue`` owns four parts, each with one job:
   work ``wait_idle`` and ``stop`` wait for.
 - ``Executor`` (executor.py): one execution and its outcome (success, retry, give-up),
   and the replay of the WAL at start (Q-9).
-- ``Operator`` (operator.py): the dead-task store's operator commands (Q-12, Q-13).
+- ``Operator`` (operator.py): the dead-task store's operator commands (Q-33, Q-13).
 This module keeps the lifecycle, the enqueue API and the introspection:
 - ``enqueue`` validates and serializes first, applies backpressure, then
   writes the task to the backend's WAL and only then schedules it on the
@@ -73,13 +73,13 @@ class Queue:
                  backpressure: Backpressure | None = None, clock: Clock | None = None,
                  rng: random.Random | None = None, codec: ContextCodec | None = None) -> None:
         self.backend = backend
-        # Q-18/Q-19: JSON unless the application opts into authenticated pickles.
+        # Q-18/Q-34: JSON unless the application opts into authenticated pickles.
         self.codec = JSON_CODEC if codec is None else codec
         self.registry = REGISTRY if registry is None else registry
         self.backpressure = backpressure
         self.clock: Clock = SystemClock() if clock is None else clock
         self.rng = random.Random() if rng is None else rng
-        self.operator = Operator(backend, backend, codec=self.codec)
+        self.operator = Operator(backend, backend)
         self._state = _State.NEW
         self._journal = Journal(backend)
         self._scheduler = Scheduler(self.clock, backpressure)
@@ -233,7 +233,7 @@ class Queue:
         return await asyncio.to_thread(self.operator.find_dead, task_id)
 
     async def retry_dead_tasks(self, ids: Iterable[str]) -> tuple[list[Retried], list[str]]:
-        """Put dead tasks back into this worker's WAL under new ids and run them (Q-12)."""
+        """Put dead tasks back into this worker's WAL under new ids and run them (Q-33)."""
         retried, missing = await asyncio.to_thread(self.operator.retry_dead, list(ids))
         for item in retried:
             if item.new_id is None:

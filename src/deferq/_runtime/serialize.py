@@ -1,6 +1,6 @@
 """The task context record: what the queue gives the backend as a task's opaque bytes (spec/queue.md).
 
-Rules (Q-5, Q-6; pickle: Q-18, Q-19 at the end of this module):
+Rules (Q-5, Q-6; pickle: Q-18, Q-34 at the end of this module):
 - A context is one line of UTF-8 JSON, an object with exactly the keys
   ``v`` (record version, 1), ``task`` (the registered task name), ``args``
   (a list), ``kwargs`` (an object) and ``attempts`` (failed executions so far,
@@ -202,6 +202,34 @@ def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def reset_attempts(data: bytes) -> bytes:
+    """Implements Q-33: the context with ``attempts`` 0, changing nothing else, or unchanged.
+
+    Only a JSON context record (version 1, or 2 with tags, Q-30) in the canonical form this
+    module writes is rewritten, and only at the record level: its arguments are never decoded
+    into objects (a tag stays a plain dict here), so nothing a stored context says is built or
+    run. A pickled context, or anything else, is returned byte for byte.
+    """
+    data = bytes(data)
+    if data.startswith(PICKLE_MAGIC):
+        return data
+    try:
+        record = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return data
+    if (not isinstance(record, dict) or record.get("v") not in (CONTEXT_VERSION,
+                                                                   TAGGED_CONTEXT_VERSION)
+            or type(record.get("attempts")) is not int):
+        return data
+    try:
+        if _dumps(record).encode("utf-8") != data:
+            return data  # not the form deferq writes: rewriting it would change more
+        record["attempts"] = 0
+        return _dumps(record).encode("utf-8")
+    except (UnicodeEncodeError, ValueError):
+        return data
+
+
 def peek_task_name(data: bytes) -> str | None:
     """The ``task`` field of a context if it can be read at all, else None (for reports)."""
     try:
@@ -260,7 +288,7 @@ def decode_context(data: bytes, json_types: JsonTypes | None = None) -> Context:
     return Context(task=task, args=tuple(args), kwargs=dict(kwargs), attempts=attempts)
 
 
-# ----------------------------------------------------------------------------- codecs (Q-18, Q-19)
+# ----------------------------------------------------------------------------- codecs (Q-18, Q-34)
 
 PICKLE_MAGIC: Final = b"deferq-pickle-1:"
 PICKLE_KEY_BYTES_MIN: Final = 16
@@ -268,7 +296,7 @@ _TAG_HEX_BYTES: Final = 64
 
 
 class ContextCodec:
-    """Turns contexts into the backend's opaque bytes and back (Q-18, Q-19).
+    """Turns contexts into the backend's opaque bytes and back (Q-18, Q-34).
 
     The default writes JSON (``encode_context``) and reads only JSON: a pickled
     context is refused, because unpickling runs code. With ``pickle_key`` set,

@@ -8,7 +8,7 @@ pipe to the harness; ``_queue_roles`` runs real ``Queue`` workers, a queue
 operator and the final drain over a reporting ``Disk``; ``_observe`` reads the
 files after each crash with the engine's own decoders and ``_check`` judges them with
 ``deferq._core.model.StorageModel`` (``_deadwrites`` excusing overlapping dead-store
-writes); ``_qcheck`` follows every enqueued task to its end (D-13, Q-3, Q-9, Q-12);
+writes); ``_qcheck`` follows every enqueued task to its end (D-13, Q-3, Q-9, Q-33);
 ``_harness`` is the fault loop, with ``_children`` (the role processes and their
 pipes), ``_recheck`` (the check after each cycle) and ``_results`` (config and
 summary); ``_inject`` runs a probe under strace to inject

@@ -24,7 +24,7 @@ module is the loop that drives them, the final drain, and the role sets.
 
 Queue-level roles (``_queue_roles``: a real ``Queue`` over a reporting ``Disk``)
 feed the same model through the same events; ``_qcheck.QueueLedger`` also
-follows each enqueued task to its end (D-13, Q-2, Q-3, Q-8, Q-9, Q-12). After
+follows each enqueued task to its end (D-13, Q-2, Q-3, Q-8, Q-9, Q-33). After
 the last cycle of a run with queue roles, a ``drain`` queue runs every task
 left to its end, and every acknowledged, durable enqueue must be accounted for.
 """

@@ -6,7 +6,7 @@ executions, queue starts, storage-error log lines) and follows each enqueued
 task by its token (a unique first argument named in the enqueue's add event):
 
 - an id carries the tokens of the enqueue that created it; a retry re-add
-  keeps its id; an operator retry (Q-12) gives a new id the tokens of the dead
+  keeps its id; an operator retry (Q-33) gives a new id the tokens of the dead
   ids it retried. An id that a storage-level role added or removed is
   *foreign* (its bytes may no longer be a queue context) and is left to the
   storage model alone.

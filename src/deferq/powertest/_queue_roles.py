@@ -22,7 +22,7 @@ and feeds the same ``StorageModel``. On top of that:
   just before they return or raise.
 - ``queue_operator`` is a queue too (it replays what it adopts and runs what
   it retries); it lists dead tasks with the queue's operator API, retries some
-  (Q-12: new ids, durable before the dead records go) and removes others.
+  (Q-33: new ids, durable before the dead records go) and removes others.
 - ``queue_drain`` starts a queue, enqueues nothing, and reports ``drained``
   once the WAL is empty and nothing is left to run: the end-of-run check that
   work continues and every task ends (Q-9).
@@ -230,7 +230,7 @@ async def _operator(role: Role, path: str, emit: Emit, rng: random.Random) -> No
         picks = rng.sample(dead, k=min(len(dead), rng.randint(1, 3)))
         ids = [t.id for t in picks] + (["no-such-task"] if rng.random() < 0.2 else [])
         if rng.random() < 0.5:
-            # Q-12: a new id in this WAL, synced, then the record removed. One task per call,
+            # Q-33: a new id in this WAL, synced, then the record removed. One task per call,
             # so the harness knows which dead task each new id continues.
             ids = ids[:1] + ids[len(picks):]
             reset = TAG.set({"retry": ids})
@@ -265,7 +265,7 @@ def queue_worker(role: Role, path: str, emit: Emit, rng: random.Random) -> None:
 
 
 def queue_operator(role: Role, path: str, emit: Emit, rng: random.Random) -> None:
-    """List, retry and remove dead tasks with the queue's operator API (Q-12, Q-13)."""
+    """List, retry and remove dead tasks with the queue's operator API (Q-33, Q-13)."""
     _setup(emit)
     asyncio.run(_operator(role, path, emit, rng))
 
