@@ -20,7 +20,6 @@ import errno
 import inspect
 import logging
 import os
-import stat
 import subprocess
 import sys
 import tempfile
@@ -485,13 +484,20 @@ def test_sim_env_implements_the_env_protocol_exactly() -> None:
         assert list(got.parameters) == list(expected.parameters), name
 
 
-def test_stat_of_a_directory_matches_ext4_link_counting() -> None:
+@pytest.mark.spec("F-16")
+def test_a_directory_is_never_opened_as_a_file_by_either() -> None:
+    # F-16: both Envs refuse a directory where a store file is expected, with the same
+    # errno (EINVAL to read, EISDIR to write), as UnsafeEntryError.
+    from deferq._core.errors import UnsafeEntryError
+
     disk = SimDisk()
     env = disk.process()
     env.makedirs("/d/e")
-    fd = env.open("/d", OpenFlag.READ)
-    assert env.fstat(fd).links == 3
     with tempfile.TemporaryDirectory() as root:
         os.makedirs(os.path.join(root, "d", "e"))
-        assert stat.S_ISDIR(os.stat(os.path.join(root, "d")).st_mode)
-        assert os.stat(os.path.join(root, "d")).st_nlink == 3
+        for opener, path in ((env.open, "/d"), (OsEnv().open, os.path.join(root, "d"))):
+            for flags, code in ((OpenFlag.READ, errno.EINVAL),
+                                (OpenFlag.READ | OpenFlag.WRITE, errno.EISDIR)):
+                with pytest.raises(UnsafeEntryError) as refused:
+                    opener(path, flags)
+                assert refused.value.errno == code

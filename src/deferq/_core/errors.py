@@ -57,3 +57,13 @@ class LimitExceededError(DeferqError, ValueError):
 
     A ``ValueError``: nothing was written.
     """
+
+
+class UnsafeEntryError(DeferqError, OSError):
+    """A name in the storage directory is not a regular file: a symbolic link (never followed),
+    a FIFO or socket (never waited on), a directory or a device (F-16).
+
+    Raised by the OS adapter's ``open``; the engine skips such an entry where it scans for
+    files (an orphan WAL, the operators' scans) and refuses to use it where it needs that
+    file (the dead-task store's files). The ``errno`` is the one ``open`` would have met.
+    """

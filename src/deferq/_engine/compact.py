@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 from zlib import crc32
 
-from deferq._core.errors import StorageBrokenError
+from deferq._core.errors import StorageBrokenError, UnsafeEntryError
 from deferq._core.frame import CRC_HEX_BYTES, HEADER_BYTES
 from deferq._core.limits import (
     FILE_MODE,
@@ -49,6 +49,7 @@ log = logging.getLogger("deferq")
 # The lock file holds no data; its size says whether a compaction's rename may not be
 # durable yet (S-9): 0 = settled, COMPACTION_MARK_BYTES = a rename is in flight.
 COMPACTION_MARK_BYTES = 1
+_STAGING: Final = OpenFlag.WRITE | OpenFlag.CREATE | OpenFlag.TRUNCATE
 
 
 class DeadCompaction:
@@ -68,6 +69,21 @@ class DeadCompaction:
         def _fail_stop(self, message: str, exc: OSError) -> StorageBrokenError: ...
         def _drop_index(self) -> None: ...
 
+    def _open_staging(self) -> int:
+        """The staging file, created empty (S-5); whatever else holds its name is removed first.
+
+        Implements F-16: the name is deferq's, so a planted link or FIFO there is unlinked
+        (``unlink`` never follows a link) and a fresh file created exclusively, never
+        followed or waited on. The usual case, a regular file or none, is one ``open``.
+        """
+        env = self._env
+        try:
+            return env.open(self._tmp, _STAGING, FILE_MODE)
+        except UnsafeEntryError:
+            log.warning("%s is not a regular file; removing it before compacting", self._tmp)
+            env.unlink(self._tmp)
+            return env.open(self._tmp, _STAGING | OpenFlag.EXCLUSIVE, FILE_MODE)
+
     def remove(self, task_ids: set[str]) -> int:
         """Compact away every record of the given ids (S-5); return how many ids were found."""
         if not task_ids:
@@ -76,8 +92,7 @@ class DeadCompaction:
         env = self._env
         with self._locked("delete tasks from"):
             self._settle_compaction()
-            tmp_fd = env.open(self._tmp, OpenFlag.WRITE | OpenFlag.CREATE | OpenFlag.TRUNCATE,
-                              FILE_MODE)
+            tmp_fd = self._open_staging()
             try:
                 found = self._copy_survivors(tmp_fd, task_ids)
                 if found:

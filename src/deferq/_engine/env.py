@@ -79,7 +79,11 @@ class Env(Protocol):
 
     # --- files (file descriptors are ints, local to this Env)
     def open(self, path: str, flags: OpenFlag, mode: int = 0o600) -> int:
-        """Open (or create) a file and return a new descriptor."""
+        """Open (or create) a regular file and return a new descriptor.
+
+        Never follows a symbolic link and never waits on a FIFO: an entry that is not a
+        regular file raises ``UnsafeEntryError`` (F-16).
+        """
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         """Read up to ``size`` bytes at ``offset``; fewer only at end of file."""

@@ -13,12 +13,14 @@ import fcntl
 import mmap
 import os
 import random
+import stat
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Final
 
+from deferq._core.errors import UnsafeEntryError
 from deferq._core.limits import WAL_RESERVE_BYTES
 from deferq._engine.env import Cancel, FileStat, MappedWindow, OpenFlag
 
@@ -77,7 +79,8 @@ def os_flags(flags: OpenFlag) -> int:
     ):
         if flag in flags:
             bits |= bit
-    return bits | _O_CLOEXEC
+    # F-16: never follow a symbolic link, never block opening a FIFO.
+    return bits | _O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 class _Ticker:
@@ -112,10 +115,34 @@ class OsEnv:
     map_granularity: int = mmap.ALLOCATIONGRANULARITY
 
     def open(self, path: str, flags: OpenFlag, mode: int = 0o600) -> int:
+        """Implements F-16: open a regular file, never following a symbolic link and never
+        waiting on a FIFO (``O_NOFOLLOW | O_NONBLOCK``; the non-blocking flag changes
+        nothing for a regular file's reads and writes on Linux), then check what was opened.
+        """
         bits = _OS_BITS.get(flags._value_)  # an int key: hashing the Flag is a Python call
         if bits is None:
             bits = _OS_BITS[flags._value_] = os_flags(flags)
-        return os.open(path, bits, mode)
+        try:
+            fd = os.open(path, bits, mode)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeEntryError(exc.errno, f"{path} is a symbolic link; deferq never "
+                                       "follows one in its storage directory") from None
+            if exc.errno == errno.ENXIO:  # a FIFO opened for writing with no reader
+                raise UnsafeEntryError(exc.errno, f"{path} is a FIFO or socket, not a regular "
+                                       "file; deferq never waits on one") from None
+            if exc.errno == errno.EISDIR:  # a directory opened for writing
+                raise UnsafeEntryError(exc.errno, f"{path} is a directory, not a regular "
+                                       "file") from None
+            raise
+        mode_bits = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode_bits):
+            os.close(fd)
+            kind = ("a directory" if stat.S_ISDIR(mode_bits) else
+                    "a FIFO" if stat.S_ISFIFO(mode_bits) else
+                    "a socket" if stat.S_ISSOCK(mode_bits) else "a device or special file")
+            raise UnsafeEntryError(errno.EINVAL, f"{path} is {kind}, not a regular file")
+        return fd
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         return os.pread(fd, size, offset)

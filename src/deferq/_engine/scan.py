@@ -7,14 +7,18 @@ fsynced) is naturally not seen.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
+from deferq._core.errors import UnsafeEntryError
 from deferq._core.names import is_wal_file_name
 from deferq._core.recovery import WalReplay
 from deferq._core.types import PendingTask
 from deferq._core.walcodec import WalAdd, decode_wal_line
 from deferq._engine.env import Env, OpenFlag
 from deferq._engine.io import join, lines_forward, records_end
+
+log = logging.getLogger("deferq")
 
 
 @dataclass(slots=True)
@@ -34,6 +38,9 @@ def scan_pending(env: Env, path: str, prefix: str) -> list[WalFileScan]:
             fd = env.open(join(path, name), OpenFlag.READ)
         except FileNotFoundError:
             continue  # merged away or rotated by a worker since the listing
+        except UnsafeEntryError as exc:
+            log.warning("skipping %s: %s", name, exc)  # F-16: not a WAL file at all
+            continue
         try:
             replay = WalReplay()
             end = records_end(env, fd, env.fstat(fd).size)  # R-@L: not the reserved space

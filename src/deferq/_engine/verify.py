@@ -13,14 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 from deferq._core.deadcodec import decode_dead_line, decode_dead_payload
+from deferq._core.errors import UnsafeEntryError
 from deferq._core.frame import BadLine, LineFault
 from deferq._core.names import dead_data_name, is_wal_file_name
 from deferq._core.recovery import line_body
 from deferq._core.walcodec import decode_wal_line
 from deferq._engine.env import Env, OpenFlag
 from deferq._engine.io import join, lines_forward, records_end
+
+NOT_A_REGULAR_FILE: Final = "not a regular file (F-16)"
 
 
 @dataclass(slots=True)
@@ -50,6 +54,11 @@ def verify_file(env: Env, path: str, name: str, kind: str) -> FileReport | None:
         fd = env.open(join(path, name), OpenFlag.READ)
     except FileNotFoundError:
         return None
+    except UnsafeEntryError:
+        # F-16: named like a store file but not a regular file: reported, never read.
+        report = FileReport(name, kind)
+        report.faults[NOT_A_REGULAR_FILE] = 1
+        return report
     report = FileReport(name, kind)
     try:
         report.size_bytes = env.fstat(fd).size

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from deferq._core.errors import StorageBrokenError
+from deferq._core.errors import StorageBrokenError, UnsafeEntryError
 from deferq._core.limits import FILE_MODE, WRITE_BATCH_BYTES
 from deferq._core.names import is_wal_file_name, wal_file_name
 from deferq._core.walcodec import encode_rem
@@ -45,6 +45,10 @@ class WalFiles(WalBase):
                     fd = env.open(join(self._path, name), _RW_APPEND)
                 except FileNotFoundError:
                     continue  # Unlinked by its owner (rotation or merge) since listdir.
+                except UnsafeEntryError as exc:
+                    # Implements F-16: not a WAL file, whatever its name; leave it alone.
+                    log.warning("skipping %s: %s", name, exc)
+                    continue
                 # Implements W-27: a file unlinked between open and flock is a ghost; skip it.
                 if env.flock_exclusive_nb(fd) and env.fstat(fd).links > 0:
                     claimed.append((name, fd))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 from typing import Final
 
+from deferq._core.errors import UnsafeEntryError
 from deferq._engine.env import FileStat, MappedWindow, OpenFlag
 from deferq.crashtest._faults import FsyncEio, LyingFsync, ShortWrite
 from deferq.crashtest._inode import os_error
@@ -66,8 +67,10 @@ class FileCalls(SimProcess):
             elif OpenFlag.CREATE in flags and OpenFlag.EXCLUSIVE in flags:
                 raise os_error(errno.EEXIST, path)
             elif node.is_dir:
-                if flags & (OpenFlag.WRITE | OpenFlag.CREATE | OpenFlag.TRUNCATE):
-                    raise os_error(errno.EISDIR, path)
+                # As the OS adapter (F-16): a directory is never opened as a store file.
+                code = (errno.EISDIR if flags & (OpenFlag.WRITE | OpenFlag.CREATE
+                                                 | OpenFlag.TRUNCATE) else errno.EINVAL)
+                raise UnsafeEntryError(code, f"{path} is a directory, not a regular file")
             elif OpenFlag.TRUNCATE in flags and node.data:
                 self._fs.truncate(node, 0)  # Linux truncates even when opened read-only.
             fd = _FIRST_FD
