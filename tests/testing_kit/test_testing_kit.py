@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
