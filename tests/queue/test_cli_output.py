@@ -200,3 +200,28 @@ def test_long_work_shows_progress_on_a_terminal_and_nothing_when_piped(
     assert status == 0 and "retry: steps 1/2" in terminal and "steps" not in out
     piped = deferq("verify", "--path", str(path))
     assert piped.returncode == 0 and piped.stderr == ""
+
+
+@pytest.mark.slow
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(tmp_path: Path) -> None:
+    import tempfile
+
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    with tempfile.TemporaryDirectory(dir=shm) as scratch:
+        path = Path(scratch) / "storage"
+        with Disk(path=path) as disk:  # more than a pipe holds, so writes after the close fail
+            for n in range(2500):
+                disk.add_dead_task(f"1-1-{n}", b"{}", RuntimeError("x" * 60), task_class="t",
+                                   attempts=1)
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("DEFERQ_")}
+        process = subprocess.Popen([sys.executable, "-m", "deferq", "dead", "list",
+                                    "--path", str(path)], cwd=ROOT, env=environ,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert process.stdout is not None and process.stderr is not None
+        first = process.stdout.readline()
+        process.stdout.close()  # what `| head -1` does
+        error = process.stderr.read().decode()
+        status = process.wait(timeout=60)
+    assert first.startswith(b"ID")
+    assert "Traceback" not in error and "BrokenPipeError" not in error, error
+    assert status in (0, 1)
