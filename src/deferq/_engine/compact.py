@@ -1,12 +1,15 @@
-"""Dead-task compaction: ``remove`` and its streaming copy (spec/dead-tasks.md S-5, S-9, S-15).
+"""Dead-task compaction: ``remove`` and its streaming copy (spec/dead-tasks.md S-5, S-9, S-15,
+S-16).
 
 Rules: the live data file is never rewritten in place. Survivors go to the
 staging file ``.tmp``, which is fsynced, renamed over the data file, and the
 directory fsynced before ``remove`` returns (S-5, D-9); with no match the live
-file stays byte-identical and nothing is fsynced. While a rename may not be
-durable yet the lock file's size is ``COMPACTION_MARK_BYTES`` (S-9), so that the
-next writer under the lock fsyncs the directory before it acknowledges anything
-written to the new inode (``_settle_compaction``, called by every add and remove).
+file stays byte-identical and nothing is fsynced. A copy or fsync of the staging
+file that fails (ENOSPC, EIO) unlinks it before the error propagates (S-16).
+While a rename may not be durable yet the lock file's size is
+``COMPACTION_MARK_BYTES`` (S-9), so that the next writer under the lock fsyncs
+the directory before it acknowledges anything written to the new inode
+(``_settle_compaction``, called by every add and remove).
 
 Theory of operation: ``DeadCompaction.remove`` runs under the store's locks
 (L-1..L-3) and drops the per-process index before the rename (S-10).
@@ -94,11 +97,19 @@ class DeadCompaction:
             self._settle_compaction()
             tmp_fd = self._open_staging()
             try:
-                found = self._copy_survivors(tmp_fd, task_ids)
-                if found:
-                    env.fsync(tmp_fd)  # A failure leaves the live file untouched: no fail-stop.
-            finally:
-                env.close(tmp_fd)
+                try:
+                    found = self._copy_survivors(tmp_fd, task_ids)
+                    if found:
+                        # A failure leaves the live file untouched: no fail-stop.
+                        env.fsync(tmp_fd)
+                finally:
+                    env.close(tmp_fd)
+            except Exception:
+                # Implements S-16: a partial staging file left behind on a full disk would keep
+                # the space it took, and every later add would fail with ENOSPC too. Not on a
+                # BaseException: a dead (or simulated-dead) process runs no more disk code.
+                self._discard_staging()
+                raise
             if not found:
                 env.unlink(self._tmp)  # Implements S-5: the live file stays byte-identical.
                 return 0
@@ -110,6 +121,20 @@ class DeadCompaction:
             env.rename(self._tmp, self._data)
             self._fsync_dir_after_rename()
             return len(found)
+
+    def _discard_staging(self) -> None:
+        """Implements S-16: unlink the staging file of a failed compaction, best effort.
+
+        Called while the compaction's own error propagates: a failure here is only logged,
+        so that the caller sees the error that made the compaction fail, not this one.
+        """
+        try:
+            self._env.unlink(self._tmp)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("could not remove the staging file %s of a failed compaction: %s",
+                        self._tmp, exc)
 
     def _fsync_dir_after_rename(self) -> None:
         try:

@@ -75,7 +75,7 @@ class Executor:
             scheduler = self._scheduler
             assert scheduler.loop is not None
             scheduler.work.add(scheduler.loop.create_task(
-                self._finish(task_id, context, cls, instance, result, error)))
+                self._finish(task_id, context, cls, instance, result, error), name=task_id))
             return
         try:
             self._remove(task_id)
@@ -119,7 +119,14 @@ class Executor:
                         await result
                     except Exception as exc:  # noqa: BLE001 - a failed execution
                         error = exc
-                if error is not None:
+                abandoned = self._scheduler.abandoned
+                if abandoned and task_id in abandoned:
+                    # Implements Q-35: stop() returned without this execution, which swallowed
+                    # its cancellation; writing its outcome now could race the WAL's last
+                    # sync, so it stays in the WAL and runs again at the next start.
+                    log.warning("deferred task %s ended after stop gave up on it; its outcome "
+                                "is not recorded and it stays in the WAL", task_id)
+                elif error is not None:
                     await self._failed(task_id, context, cls, instance, error)
                 else:
                     self._remove(task_id)

@@ -19,7 +19,8 @@ This module keeps the lifecycle, the enqueue API and the introspection:
   fsync: ``aenqueue`` writes its record and awaits a group commit (Q-20, W-21).
 - ``start`` replays the backend's pending tasks with their remaining delays (Q-9).
 - ``stop`` refuses new executions, lets running ones finish up to a timeout
-  (then cancels them: they stay in the WAL) and syncs the WAL (Q-15).
+  (then cancels them: they stay in the WAL) and syncs the WAL (Q-15); a task that
+  swallows its cancellation delays it by at most ``STOP_GRACE_S`` (Q-35).
 - Time comes from a ``Clock`` (wall time for ``publish_at``, ``sleep`` for
   timers and backpressure), so tests drive it deterministically.
 """
@@ -132,7 +133,9 @@ class Queue:
         """Stop taking work, wait up to ``timeout`` s for running tasks, sync the WAL (Q-15).
 
         Returns True when every running execution finished in time; the ones that did not
-        are cancelled and stay in the WAL, like every task that did not run.
+        are cancelled and stay in the WAL, like every task that did not run. One that
+        swallows its cancellation is waited for at most ``STOP_GRACE_S`` more, then named
+        in a warning and left running; its outcome is not recorded (Q-35).
         """
         wait_s = _seconds(timeout, "timeout")
         if self._state in (_State.STOPPING, _State.STOPPED):

@@ -9,6 +9,9 @@ Rules (spec/queue.md):
   ``Clock``); then it runs, without counting in the backlog.
 - ``stop`` (Q-15) cancels the timers, waits up to a timeout for the work that was
   scheduled or running, then drops or cancels the rest: it all stays in the WAL.
+- A cancelled execution that swallows its cancellation is waited for at most
+  ``STOP_GRACE_S`` more (Q-35): ``stop`` logs its task id and returns without it; the
+  executor writes no outcome for it, so it stays in the WAL (at-least-once).
 
 Theory of operation: a plain (sync) ``perform`` waits in ``_soon`` with the context it was
 scheduled in; ``_run_soon``, one loop callback, runs every execution queued before it
@@ -26,13 +29,23 @@ import asyncio
 import collections
 import contextvars
 import inspect
+import logging
 from collections.abc import Callable, Coroutine
+from typing import Final
 
 from deferq._runtime.backpressure import BACKPRESSURE_SLEEP_S, Backpressure
 from deferq._runtime.clock import Clock
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.serialize import Context
 from deferq._runtime.task import Task
+
+log = logging.getLogger("deferq.queue")
+
+# Implements Q-35: how long ``stop`` waits, after its timeout, for the executions it cancelled.
+# Bounded so that a task that catches CancelledError and keeps running cannot hold ``stop``
+# (and the process shutdown behind it) forever; long enough for a well-behaved task's
+# cleanup (``finally`` blocks, an awaited close) to run.
+STOP_GRACE_S: Final = 0.5
 
 # A plain execution waiting for _run_soon: the context it was scheduled in, its arguments.
 _Soon = tuple[contextvars.Context, str, Context, "type[Task]", bool]
@@ -58,6 +71,8 @@ class Scheduler:
         self._timers: set[asyncio.Task[None]] = set()  # delayed tasks waiting for their time
         self._run_plain: RunPlain | None = None
         self._run: RunAsync | None = None
+        # Task ids of executions ``stop`` gave up on (Q-35): their outcome is never written.
+        self.abandoned: set[str] = set()
 
     def attach(self, run_plain: RunPlain, run: RunAsync) -> None:
         """The executor's entry points: a plain execution, and an async one as a coroutine."""
@@ -111,7 +126,9 @@ class Scheduler:
             # The job leaves ``work`` from its own ``finally`` (``job_done``: a done callback
             # would cost a second event-loop turn per execution); ``stop`` drops the ones it
             # cancelled before they ever ran.
-            self.work.add(loop.create_task(self._run(task_id, context, cls, counted)))
+            # Named by its task id, so that ``stop`` can say which one ignored cancellation.
+            self.work.add(loop.create_task(self._run(task_id, context, cls, counted),
+                                           name=task_id))
         else:
             self._soon.append((contextvars.copy_context(), task_id, context, cls, counted))
             if self._soon_handle is None:
@@ -198,9 +215,38 @@ class Scheduler:
         for job in leftovers:
             job.cancel()
         if leftovers:
-            await asyncio.gather(*leftovers, return_exceptions=True)
+            stuck = await self._wait_cancelled(leftovers)
             self.work.difference_update(leftovers)  # cancelled before their first step
+            if stuck:
+                # Implements Q-35: name them; their outcome is never written, so they stay
+                # in the WAL and the next start runs them again (at-least-once).
+                ids = sorted(job.get_name() for job in stuck)
+                self.abandoned.update(ids)
+                log.warning("stop: %d task(s) still running %.1f s after being cancelled "
+                            "(they swallowed the cancellation); left running, they stay in "
+                            "the WAL: %s", len(ids), STOP_GRACE_S, ", ".join(ids))
         return finished
+
+    async def _wait_cancelled(self, jobs: set[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
+        """Implements Q-35: wait at most ``STOP_GRACE_S`` for cancelled jobs; those still running.
+
+        The grace is a sleep on the ``Clock``, so tests drive it like every other wait.
+        """
+        pending: set[asyncio.Future[None]] = set(jobs)
+        grace = asyncio.ensure_future(self.clock.sleep(STOP_GRACE_S))
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending | {grace},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                pending -= done
+                for job in done:
+                    if job is not grace and not job.cancelled():
+                        job.exception()  # retrieved, as gather(return_exceptions=True) did
+                if grace in done:
+                    break
+        finally:
+            grace.cancel()
+        return {job for job in jobs if not job.done()}
 
     async def _wait_work(self, timeout_s: float) -> bool:
         if not self.work and not self._soon:
