@@ -1,6 +1,6 @@
 """The dead-task store: one shared, append-only file for all workers (spec/dead-tasks.md).
 
-Theory of operation (the reference design, ../shared/reference/dead-letter-design.md):
+Theory of operation (the dead-letter design of spec/dead-tasks.md):
 - Three names: the data file (renamed over by compaction), the lock file
   (never renamed or unlinked, so every process serializes on one inode, S-2)
   and the compaction staging file ``.tmp``.

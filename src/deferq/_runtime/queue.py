@@ -1,7 +1,7 @@
 """The queue: a facade that starts and stops the runtime and takes tasks (spec/queue.md).
 
-Theory of operation (the reference Queue, ../shared/reference/reference-behaviour.md
-sections 3 and 4.7). A ``Queue`` owns four parts, each with one job:
+Theory of operation (the reference's queue semantics, restated in spec/queue.md). A
+``Queue`` owns four parts, each with one job:
 - ``Journal`` (journal.py): every transition written to the backend, and the group
   commit of a power-safe ``Disk`` (Q-20..Q-23, D-13, Q-8).
 - ``Scheduler`` (scheduler.py): when a persisted task begins (timers of delayed tasks,

@@ -32,7 +32,7 @@ what an fsync or fsync_dir made durable; garbage anywhere but holes and torn sec
 an older write's bytes over a newer persisted write's bytes.
 
 ext4_ordered (``Ext4Ordered``): ext4 with ``data=ordered`` and delayed allocation, as
-seen on this kind of machine (../shared/reference/crash-testing.md, "Real crashes").
+seen on real power cuts of a loop-mounted ext4 (docs/power-test.md).
 Namespace: whole user-level operations (rename is atomic) persist as a prefix of their
 global order, and every operation before the last successful fsync or fsync_dir of
 *any* file or directory is durable, because jbd2 commits the whole running transaction
