@@ -61,7 +61,6 @@ from deferq._engine.walsync import WalSync
 log = logging.getLogger("deferq")
 
 
-
 def _limit_after_copy(size: int) -> int:
     """Implements W-9: the size limit of a fresh copy of ``size`` bytes (rotation or adoption)."""
     limit = WAL_SIZE_LIMIT_BYTES

@@ -71,15 +71,18 @@ class UnlinkBeforeSyncedCopyWal(TasksWal):
             return
         write_all(env, fd, b"".join(self._live.values()))
         old_name, old_fd = self._name, self._fd
+        # Switch files as the real rotation does (the old file's mapping and reserved end
+        # must not be used for the new one), so the early unlink below is its only bug.
+        self._unmap()
         self._name, self._fd = name, fd
         self._size = env.fstat(fd).size
+        self._reserved = self._size
+        self._offset_stale = False
         self._limit = max(self._limit, int(self._size * WAL_SIZE_INCREASE_RATIO) + 1)
         self._unlink_quietly(old_name)  # BUG: the copy is not durable yet.
         env.fsync_dir(self._path)
         env.fsync(fd)
-        self._dirty = False
         self._close_fds([old_fd])
-
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -118,7 +121,6 @@ class LateTargetWal(TasksWal):
             self._syncing = False
             self._synced.notify_all()
         self._durable = self._written  # BUG: covers records written during the fsync.
-        self._dirty = False
 
 
 class AfterFsyncEnv(TracingEnv):
