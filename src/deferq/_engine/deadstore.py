@@ -18,17 +18,24 @@ Theory of operation (the dead-letter design of spec/dead-tasks.md):
   against the file under the lock before each use (S-10..S-13, ``_deadindex``).
 
 Where each job lives: this module is the facade, ``DeadTaskStore``, with what every
-operation shares: its files and state, the locks (L-1..L-4), the checks that refuse
-work (closed, broken, forked) and ``close``. The operations are mixins it inherits:
-``deadadds.DeadAdds`` (group commit and the durable append, S-4, S-14),
+operation shares: its files and state, the checks that refuse work (closed, broken,
+forked) and ``close``. The locks (L-1..L-4) are a small object it owns,
+``deadlock.DeadLock``, reached through ``_locked``. The operations are mixins it
+inherits: ``deadadds.DeadAdds`` (group commit and the durable append, S-4, S-14),
 ``deadreads.DeadReads`` (list, find and the index, S-6, S-7, S-10..S-13) and
-``compact.DeadCompaction`` (remove, S-5, S-9, S-15). They are mixins rather than
-separate objects because they share this one object's state tightly (the locks, the
-index, the compaction mark), because the add path is tuned to microseconds (no extra
-call layer or attribute hop), and because the crash catalogue's mutants subclass
-``DeadTaskStore`` and override one method of any of them (``add``,
-``_append_durably``, ``remove``, ``_locked``, ``_create_data_file``,
-``_index_class``); every override point is still a method or attribute of the store.
+``compact.DeadCompaction`` (remove, S-5, S-9, S-15).
+
+Why the operations are mixins and the locks an object: the operations share this
+one object's state tightly (the index that adds extend, reads check and compaction
+drops; the compaction mark every add settles), the add path is tuned to
+microseconds (attribute reads on one object, no extra call layer between ``add``
+and the append), and the crash catalogue's mutants subclass ``DeadTaskStore`` and
+override one method of any of them (``add``, ``_append_durably``, ``remove``,
+``_locked``, ``_create_data_file``); every such override point is still a method of
+the store. The locks share nothing but the lock file's descriptor, which the store
+keeps a copy of (``_lock_fd``: the compaction mark, S-9, and the index's check,
+S-10), so they stand alone, and a mutant that breaks only the locking swaps the
+component (``_lock_class``) as one that breaks the index swaps ``_index_class``.
 """
 
 from __future__ import annotations
@@ -36,16 +43,13 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from deferq._core.errors import (
-    DeadTasksLockTimeout,
-    StorageBrokenError,
-    StorageClosedError,
-)
-from deferq._core.limits import FILE_MODE, LOCK_ATTEMPTS_MAX, lock_sleep_s
+from deferq._core.errors import StorageBrokenError, StorageClosedError
+from deferq._core.limits import FILE_MODE
 from deferq._core.names import dead_data_name, dead_lock_name, dead_tmp_name
 from deferq._engine.compact import DeadCompaction
 from deferq._engine.deadadds import DeadAdds, _AddRequest
 from deferq._engine.deadindex import DeadIndex
+from deferq._engine.deadlock import DeadLock, Held
 from deferq._engine.deadreads import DeadReads
 from deferq._engine.env import Env, OpenFlag
 from deferq._engine.io import join
@@ -74,24 +78,25 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadCompaction):
     """The shared dead-task store of one storage directory and prefix. Thread-safe."""
 
     _index_class: type[DeadIndex] = DeadIndex  # S-10 (a mutant swaps it for a weaker one)
+    _lock_class: type[DeadLock] = DeadLock  # L-1..L-4 (mutants swap it for broken ones)
 
     def __init__(self, env: Env, path: str, prefix: str) -> None:
         self._env = env
         self._path = path
         self._data = join(path, dead_data_name(prefix))
         self._tmp = join(path, dead_tmp_name(prefix))
-        self._local = threading.Lock()
         self._closed = False
         self._broken = False
         self._pid = env.getpid()
         self._init_process_state()
-        # Implements S-1: the lock file is opened once and kept; it is never renamed.
-        self._lock_fd = env.open(join(path, dead_lock_name(prefix)),
-                                 OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE, FILE_MODE)
+        self._lock = self._lock_class(env, join(path, dead_lock_name(prefix)))  # S-1
+        # The lock file also carries the compaction mark (S-9) and the ctime the index is
+        # checked against (S-10): a copy of its descriptor saves the add path one hop.
+        self._lock_fd = self._lock.fd
         try:
             self._create_data_file()
         except BaseException:
-            env.close(self._lock_fd)
+            self._lock.close()
             raise
 
     def _create_data_file(self) -> None:
@@ -114,40 +119,16 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadCompaction):
         # Bytes read by scans since the index was last dropped (S-11's build rule).
         self._cold_bytes = 0
 
-    # ------------------------------------------------------------------ locking
+    # ------------------------------------------------------------------ the locks and the checks
 
     def _locked(self, operation: str) -> contextlib.AbstractContextManager[None]:
-        """Implements L-1..L-3: both locks, non-blocking, bounded retries.
+        """Implements L-1..L-3 once the store may work: both locks, taken on ``__enter__``.
 
-        Taken on ``__enter__`` by ``_Held`` (a plain context manager: a generator-based
-        one costs a few microseconds more per dead-task call).
+        Refusing here (C-9, W-14) rather than on ``__enter__`` is the same for every
+        caller, each of which enters at once (``with self._locked(...)``).
         """
-        return _Held(self, operation)
-
-    def _acquire(self, operation: str) -> None:
-        """Take the process-local mutex and the flock in one bounded retry loop (L-1..L-3)."""
         self._check_usable()
-        env = self._env
-        for attempt in range(1, LOCK_ATTEMPTS_MAX + 1):
-            if self._local.acquire(blocking=False):
-                try:
-                    taken = env.flock_exclusive_nb(self._lock_fd)
-                except BaseException:
-                    self._local.release()
-                    raise
-                if taken:
-                    return
-                self._local.release()
-            if attempt == LOCK_ATTEMPTS_MAX:
-                raise DeadTasksLockTimeout(f"Could not lock the dead tasks store to {operation} it")
-            env.sleep(lock_sleep_s(attempt))
-
-    def _release(self) -> None:
-        """Implements L-4: release both locks, the mutex even if the unlock fails."""
-        try:
-            self._env.flock_unlock(self._lock_fd)
-        finally:
-            self._local.release()
+        return Held(self._lock, operation)
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -178,26 +159,10 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadCompaction):
 
     def close(self) -> None:
         """Release the lock file descriptor. Idempotent."""
-        with self._local:
+        with self._lock.local:
             if self._closed:
                 return
             self._closed = True
             self._index = None
-            self._env.close(self._lock_fd)
-
-
-class _Held:
-    """The locks of one dead-task operation, held between ``__enter__`` and ``__exit__``."""
-
-    __slots__ = ("_operation", "_store")
-
-    def __init__(self, store: DeadTaskStore, operation: str) -> None:
-        self._store = store
-        self._operation = operation
-
-    def __enter__(self) -> None:
-        self._store._acquire(self._operation)
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._store._release()
+            self._lock.close()
 

@@ -11,6 +11,7 @@ from deferq._core.errors import DeadTasksLockTimeout
 from deferq._core.limits import FILE_MODE, LOCK_ATTEMPTS_MAX, lock_sleep_s
 from deferq._core.types import DeadTask
 from deferq._engine.deadindex import DeadIndex
+from deferq._engine.deadlock import DeadLock
 from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.env import Env, FileStat, OpenFlag
 from deferq._engine.io import lines_forward, write_all
@@ -125,10 +126,10 @@ class FlockDataFileStore(DeadTaskStore):
                       | OpenFlag.CREATE, FILE_MODE)
         try:
             for attempt in range(1, LOCK_ATTEMPTS_MAX + 1):
-                if self._local.acquire(blocking=False):
+                if self._lock.local.acquire(blocking=False):
                     if env.flock_exclusive_nb(fd):  # BUG: the data file may be renamed over.
                         break
-                    self._local.release()
+                    self._lock.local.release()
                 if attempt == LOCK_ATTEMPTS_MAX:
                     raise DeadTasksLockTimeout(f"Could not lock the dead tasks store to {operation} it")
                 env.sleep(lock_sleep_s(attempt))
@@ -137,7 +138,7 @@ class FlockDataFileStore(DeadTaskStore):
                 yield
             finally:
                 self._held = -1
-                self._local.release()
+                self._lock.local.release()
         finally:
             env.close(fd)
 
@@ -163,48 +164,47 @@ class CachedDataFdStore(DeadTaskStore):
         return task.id
 
 
-class NoLocalMutexStore(DeadTaskStore):
-    """Serializes only with flock, which a second thread of the same process shares (L-1, A-8)."""
+class NoLocalMutexLock(DeadLock):
+    """Takes only the flock, which a second thread of the same process shares (L-1, A-8)."""
 
-    @contextlib.contextmanager
-    def _locked(self, operation: str) -> Iterator[None]:
-        self._check_usable()
+    def acquire(self, operation: str) -> None:
         env = self._env
         for attempt in range(1, LOCK_ATTEMPTS_MAX + 1):
-            if env.flock_exclusive_nb(self._lock_fd):  # BUG: no process-local mutex.
-                break
+            if env.flock_exclusive_nb(self.fd):  # BUG: no process-local mutex.
+                return
             if attempt == LOCK_ATTEMPTS_MAX:
                 raise DeadTasksLockTimeout(f"Could not lock the dead tasks store to {operation} it")
             env.sleep(lock_sleep_s(attempt))
-        try:
-            yield
-        finally:
-            env.flock_unlock(self._lock_fd)
+
+    def release(self) -> None:
+        self._env.flock_unlock(self.fd)
+
+
+class NoLocalMutexStore(DeadTaskStore):
+    """Serializes only with flock, which a second thread of the same process shares (L-1, A-8)."""
+
+    _lock_class: type[DeadLock] = NoLocalMutexLock
+
+
+class BlockingLock(DeadLock):
+    """Waits for the locks without bound instead of raising DeadTasksLockTimeout (L-3, D-8)."""
+
+    def acquire(self, operation: str) -> None:
+        env = self._env
+        attempt = 0
+        while True:  # BUG: no bound.
+            attempt += 1
+            if self.local.acquire(blocking=False):
+                if env.flock_exclusive_nb(self.fd):
+                    return
+                self.local.release()
+            env.sleep(lock_sleep_s(min(attempt, LOCK_ATTEMPTS_MAX)))
 
 
 class BlockingLockStore(DeadTaskStore):
     """Waits for the lock without bound instead of raising DeadTasksLockTimeout (L-3, D-8)."""
 
-    @contextlib.contextmanager
-    def _locked(self, operation: str) -> Iterator[None]:
-        self._check_usable()
-        env = self._env
-        attempt = 0
-        while True:  # BUG: no bound.
-            attempt += 1
-            if self._local.acquire(blocking=False):
-                if env.flock_exclusive_nb(self._lock_fd):
-                    break
-                self._local.release()
-            env.sleep(lock_sleep_s(min(attempt, LOCK_ATTEMPTS_MAX)))
-        try:
-            yield
-        finally:
-            try:
-                env.flock_unlock(self._lock_fd)
-            finally:
-                self._local.release()
-
+    _lock_class: type[DeadLock] = BlockingLock
 
 
 class SizeOnlyIndex(DeadIndex):
