@@ -40,10 +40,13 @@ class HandoffWal(WalFiles):
         self._ids = id_source(env)
         self.file_names: list[str] = []  # the hand-off files written, in order
 
-    def add_task(self, context: bytes, publish_at: int | None = None) -> str:
-        """Buffer a task under a new id (W-5) and return the id; ``sync`` writes it."""
+    def add_task(self, context: bytes, publish_at: int | None = None,
+                 task_id: str | None = None) -> str:
+        """Buffer a task under a new id (W-5), or ``task_id`` (the caller's, valid and used
+        nowhere else, W-15), and return the id; ``sync`` writes it."""
         self._check_usable()
-        task_id = self._ids.next_id(self._pid, self._env.monotonic())
+        if task_id is None:
+            task_id = self._ids.next_id(self._pid, self._env.monotonic())
         self._live[task_id] = encode_add(task_id, publish_at, context)
         return task_id
 
