@@ -1,7 +1,7 @@
 """The queue: a facade that starts and stops the runtime and takes tasks (spec/queue.md).
 
 Theory of operation (the reference's queue semantics, restated in spec/queue.md). A
-``Queue`` owns four parts, each with one job:
+``Queue`` owns five parts, each with one job:
 - ``Journal`` (journal.py): every transition written to the backend, and the group
   commit of a power-safe ``Disk`` (Q-20..Q-23, D-13, Q-8).
 - ``Scheduler`` (scheduler.py): when a persisted task begins (timers of delayed tasks,
@@ -10,6 +10,7 @@ Theory of operation (the reference's queue semantics, restated in spec/queue.md)
 - ``Executor`` (executor.py): one execution and its outcome (success, retry, give-up),
   and the replay of the WAL at start (Q-9).
 - ``Operator`` (operator.py): the dead-task store's operator commands (Q-33, Q-13).
+- ``Sweeper`` (sweeper.py): the periodic adoption of orphaned WAL files (Q-70..Q-72).
 This module keeps the lifecycle, the enqueue API and the introspection:
 - ``enqueue`` validates and serializes first, applies backpressure, then
   writes the task to the backend's WAL and only then schedules it on the
