@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Final
 
 from deferq._cli.output import (
@@ -50,6 +50,10 @@ class DeadStoreView:
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
         return self._store.list_tasks(limit, offset)
+
+    def iter_dead_tasks(self, *, offset: int = 0) -> Iterator[DeadTask]:
+        """The store read in lock steps (S-27): what the operator's long reads use (Q-90)."""
+        return self._store.iter_tasks(offset)
 
     def find_dead_task(self, task_id: str) -> DeadTask | None:
         return self._store.find(check_task_id(task_id))
@@ -133,8 +137,8 @@ def _select(operator: Operator, args: argparse.Namespace) -> list[str]:
     if args.all == bool(args.ids):
         raise CommandError("give task ids or --all, not both and not neither", EXIT_USAGE)
     if args.all:
-        return [t.id for t in operator.list_dead(task_class=args.task_class,
-                                                 exception_class=args.exception_class)]
+        return operator.select_ids(task_class=args.task_class,
+                                   exception_class=args.exception_class)
     if args.task_class is not None or args.exception_class is not None:
         raise CommandError("--task-class and --exception-class select with --all only",
                            EXIT_USAGE)
