@@ -227,6 +227,7 @@ class SteppedBlocks:
         self._lock_fd = lock_fd
         self._locked = locked
         self.snapshot: Snapshot | None = None
+        self._first: Block | None = None  # the newest block, read by the first step
         self.steps = 0
 
     def _open(self) -> int | None:
@@ -239,11 +240,20 @@ class SteppedBlocks:
         env = self._env
         stat = env.fstat(fd)
         end = records_end(env, fd, stat.size)
-        check_start = max(0, end - READ_CHUNK_BYTES)
-        window = env.pread(fd, end - check_start, check_start)
+        # The checked bytes: the snapshot's last line, or its last READ_CHUNK_BYTES (S-28).
+        low = max(0, end - READ_CHUNK_BYTES)
+        tail = env.pread(fd, end - low, low)
+        if len(tail) != end - low:
+            raise OSError(f"short read at offset {low}: file changed while locked")
+        before = tail.rfind(b"\n", 0, len(tail) - 1)
+        check_start = low + before + 1 if before >= 0 else low
+        # The first block of records is read in this same step: a page of the newest
+        # records costs one hold of the locks.
+        self._first = (low, tail) if tail else None
         return Snapshot(device=stat.device, inode=stat.inode,
                         lock_ctime_ns=env.fstat(self._lock_fd).ctime_ns, end=end,
-                        check_start=check_start, check_crc=zlib.crc32(window),
+                        check_start=check_start,
+                        check_crc=zlib.crc32(memoryview(tail)[check_start - low:]),
                         torn=stat.size > end)
 
     def _same_file(self, fd: int, snap: Snapshot) -> bool:
@@ -280,7 +290,11 @@ class SteppedBlocks:
         assert snap is not None, "start() first"
         env = self._env
         hi = snap.end
-        want = READ_CHUNK_BYTES
+        if self._first is not None:
+            hi = self._first[0]
+            yield self._first
+            self._first = None
+        want = 2 * READ_CHUNK_BYTES
         while hi > 0:
             lo = max(0, hi - want)
             with self._locked("read tasks from"):
