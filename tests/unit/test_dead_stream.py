@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import logging
 import re
 import tempfile
@@ -308,3 +309,48 @@ def test_a_deep_page_decodes_only_its_own_records(tmp_path: Path,
     assert [t.id for t in page] == [f"t{i}" for i in range(99, 94, -1)]
     assert decoded == [t.id for t in page]
 
+
+
+# ----------------------------------------------------------------------------- S-32
+
+
+@pytest.mark.spec("S-32")
+def test_a_read_only_view_creates_writes_and_fsyncs_nothing_and_refuses_to_change_the_store(
+        tmp_path: Path) -> None:
+    from deferq._engine.env import OpenFlag
+    from tests.fsenv import RecordingEnv, snapshot
+    with Disk(path=tmp_path, prefix=PREFIX, fsync_frequency=0) as disk:
+        disk.add_dead_task("a", b"c", ValueError("x"), task_class="T", attempts=1)
+    before = snapshot(tmp_path)
+    env = RecordingEnv()
+    store = DeadTaskStore(env, str(tmp_path), PREFIX, read_only=True)
+    try:
+        assert [t.id for t in store.iter_tasks()] == ["a"]
+        assert [t.id for t in store.list_tasks(10, 0)] == ["a"]
+        assert store.find("a") is not None
+        with pytest.raises(RuntimeError, match="read-only"):
+            store.remove({"a"})
+        with pytest.raises(RuntimeError, match="read-only"):
+            store.add(dead("b"))
+    finally:
+        store.close()
+    opens = env.calls_of("open")
+    assert opens and all(c.flags == OpenFlag.READ for c in opens), opens
+    assert not [c for c in env.calls if "fsync" in c.op or c.op in ("write", "ftruncate")]
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.spec("S-32")
+def test_reading_commands_read_a_store_without_dead_task_files_as_empty_and_create_none(
+        tmp_path: Path) -> None:
+    from deferq._cli import main
+    with Disk(path=tmp_path, prefix=PREFIX, fsync_frequency=0) as disk:
+        disk.add_task(b"payload")
+    for name in os.listdir(tmp_path):
+        if "dead_tasks" in name:
+            os.unlink(tmp_path / name)
+    names = sorted(os.listdir(tmp_path))
+    assert main(["dead", "list", "--path", str(tmp_path)]) == 0
+    assert main(["stats", "--path", str(tmp_path)]) == 0
+    assert main(["dead", "show", "nope", "--path", str(tmp_path)]) == 3
+    assert sorted(os.listdir(tmp_path)) == names

@@ -43,35 +43,48 @@ DEAD_HEADERS: Final = ("ID", "TASK CLASS", "ATTEMPTS", "FAILED AT", "EXCEPTION")
 
 
 class DeadStoreView:
-    """The dead-task half of a backend, without opening a WAL."""
+    """The dead-task half of a backend, without opening a WAL.
 
-    def __init__(self, path: str, prefix: str) -> None:
-        self._store = DeadTaskStore(OS_ENV, path, prefix)
+    ``read_only`` (S-32): the lock file is opened for reading and nothing is created or
+    fsynced; a store whose dead-task files do not exist yet reads as empty.
+    """
+
+    def __init__(self, path: str, prefix: str, *, read_only: bool = False) -> None:
+        self._store: DeadTaskStore | None = None
+        try:
+            self._store = DeadTaskStore(OS_ENV, path, prefix, read_only=read_only)
+        except FileNotFoundError:
+            if not read_only:
+                raise
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
-        return self._store.list_tasks(limit, offset)
+        return [] if self._store is None else self._store.list_tasks(limit, offset)
 
     def iter_dead_tasks(self, *, offset: int = 0) -> Iterator[DeadTask]:
         """The store read in lock steps (S-27): what the operator's long reads use (Q-90)."""
-        return self._store.iter_tasks(offset)
+        return iter(()) if self._store is None else self._store.iter_tasks(offset)
 
     def find_dead_task(self, task_id: str) -> DeadTask | None:
-        return self._store.find(check_task_id(task_id))
+        task_id = check_task_id(task_id)
+        return None if self._store is None else self._store.find(task_id)
 
     def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
         if ids is None:
             return 0
         wanted = [ids] if isinstance(ids, str) else list(ids)
+        assert self._store is not None, "a writable view always has a store"
         return self._store.remove({check_task_id(i, argument="id") for i in wanted})
 
     def close(self) -> None:
-        self._store.close()
+        if self._store is not None:
+            self._store.close()
 
 
-def _view(args: argparse.Namespace) -> tuple[str, str, DeadStoreView]:
+def _view(args: argparse.Namespace, *, read_only: bool = False
+          ) -> tuple[str, str, DeadStoreView]:
     path, prefix = storage_of(args)
     require_store(path, prefix)
-    return path, prefix, DeadStoreView(path, prefix)
+    return path, prefix, DeadStoreView(path, prefix, read_only=read_only)
 
 
 def dead_row(task: DeadTask) -> list[str]:
@@ -90,7 +103,7 @@ def _not_found(task_id: str) -> None:
 
 
 def dead_list(args: argparse.Namespace) -> int:
-    _, _, view = _view(args)
+    _, _, view = _view(args, read_only=True)
     try:
         tasks = Operator(view).list_dead(limit=args.limit, offset=args.offset,
                                          task_class=args.task_class,
@@ -106,7 +119,7 @@ def dead_list(args: argparse.Namespace) -> int:
 
 
 def dead_show(args: argparse.Namespace) -> int:
-    _, _, view = _view(args)
+    _, _, view = _view(args, read_only=True)
     try:
         task = Operator(view).find_dead(args.id)
     finally:
