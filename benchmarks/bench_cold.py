@@ -62,12 +62,15 @@ def _child_sample(side: str, op: str, store: str, sqlite_dir: str, arg: str) -> 
 
 
 RAW_CLI = """
-import sys
-sys.path.insert(0, sys.argv[1])
-import bench_reads as rd
-import bench_sqlite as sq
-for tid, _ in rd.raw_list(sys.argv[2], 50, 0):
-    print(tid)
+import json, os, sys
+with open(sys.argv[2], "rb") as f:
+    end = f.seek(0, os.SEEK_END)
+    f.seek(max(0, end - int(sys.argv[1])))
+    lines = f.read().split(bytes([10]))[-51:-1]
+for line in reversed(lines):
+    _, _, tid, body = line.split(b":", 3)
+    json.loads(body)
+    print(tid.decode())
 """
 SQLITE_CLI = """
 import sqlite3, sys, json

@@ -79,7 +79,7 @@ def raw_stats(data_path: str) -> int:
 def run(side: str, op: str, store: str, sqlite_dir: str, arg: str) -> object:
     data_path = os.path.join(store, dead_data_name(PREFIX))
     if side == "deferq":
-        view = DeadStoreView(store, PREFIX)
+        view = DeadStoreView(store, PREFIX, read_only=True)  # as stats, dead list, dead show
         try:
             operator = Operator(view)
             if op == "newest":

@@ -354,3 +354,14 @@ def test_reading_commands_read_a_store_without_dead_task_files_as_empty_and_crea
     assert main(["stats", "--path", str(tmp_path)]) == 0
     assert main(["dead", "show", "nope", "--path", str(tmp_path)]) == 3
     assert sorted(os.listdir(tmp_path)) == names
+
+
+@pytest.mark.spec("S-32")
+def test_a_copied_store_without_its_lock_file_is_still_read(tmp_path: Path) -> None:
+    from deferq._cli.dead import DeadStoreView
+    write_store(tmp_path, encode_dead(dead("a")))
+    view = DeadStoreView(str(tmp_path), PREFIX, read_only=True)
+    try:
+        assert [t.id for t in view.iter_dead_tasks()] == ["a"]
+    finally:
+        view.close()

@@ -15,6 +15,7 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Final
@@ -31,6 +32,7 @@ from deferq._cli.output import (
 from deferq._cli.parser import EXIT_USAGE
 from deferq._cli.progress import Progress
 from deferq._cli.store import CommandError, require_store, storage_of
+from deferq._core.names import dead_data_name
 from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask
 from deferq._engine.deadstore import DeadTaskStore
@@ -56,6 +58,10 @@ class DeadStoreView:
         except FileNotFoundError:
             if not read_only:
                 raise
+            # No lock file: a data file without one (a copied store) is opened as a writer
+            # opens it (S-1); with neither, there is nothing to read (S-32).
+            if os.path.lexists(os.path.join(path, dead_data_name(prefix))):
+                self._store = DeadTaskStore(OS_ENV, path, prefix)
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
         return [] if self._store is None else self._store.list_tasks(limit, offset)
