@@ -9,7 +9,8 @@ opened (S-10); otherwise it reads backwards from the newest end in bounded chunk
 (S-6; ``find`` through ``NeedleScan``, S-13). Scans count the bytes they read, and
 when those reach the file's size the next read builds the index (S-11). Damage is
 counted as the line-by-line scan would count it and reported once per call (S-7,
-S-12).
+S-12). The scan itself is ``deadstream.newest_first`` (S-31); ``iter_tasks`` is the
+operators' long read, which holds the locks only in bounded steps (S-27..S-30).
 
 ``DeadReads`` is a mixin of ``deadstore.DeadTaskStore``, not a separate object: the
 index is shared state of one store (adds extend it, compaction drops it), and the
