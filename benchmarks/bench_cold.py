@@ -122,9 +122,10 @@ def bench_cold(cfg: Config, scratch: Scratch, res: Results) -> None:
             peaks = {side: int(str(run["peak"])) for side, run in runs.items()}
             res.memory.append(MemRow(key, label, peaks))
             log(f"  {label}: " + ", ".join(f"{s} {fmt_bytes(v)}" for s, v in peaks.items()))
+        reps = 1 if cfg.mode == "smoke" else cfg.reps  # each sample is three processes
         for key, label, op, arg, target in rows:
             res.rows.append(run_trio(
-                Row(key, label, "call", target), cfg.reps,
+                Row(key, label, "call", target), reps,
                 *(_child_sample(side, op, store, sqlite_dir, arg)
                   for side in ("deferq", "raw", "sqlite"))))
         data_path = os.path.join(store, f"{PREFIX}dead_tasks-0")
@@ -132,7 +133,7 @@ def bench_cold(cfg: Config, scratch: Scratch, res: Results) -> None:
         res.rows.append(run_trio(
             Row("cold_cli_list", f"`deferq dead list --limit {PAGE}` of {size}, whole process",
                 "call", Target("<= 2x SQLite process", (Check("sqlite", 2.0),))),
-            cfg.reps,
+            reps,
             _process_sample([sys.executable, "-m", "deferq", "dead", "list", "--path", store,
                              "--limit", str(PAGE)]),
             _process_sample([sys.executable, "-c", RAW_CLI, str(256 * 1024), data_path]),
