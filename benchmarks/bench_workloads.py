@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 import bench_reads as rd
+from bench_cold import COLD, COLD_ROW_KEYS
 import bench_sqlite as sq
 import bench_writes as wr
 from bench_common import (
@@ -365,6 +366,7 @@ GROUPS: dict[str, Callable[[Config, Scratch, Results], None]] = {
     "dead_read": lambda cfg, scratch, res: bench_dead_reads(cfg, scratch, res, False, True),
     "dead_remove": lambda cfg, scratch, res: bench_dead_reads(cfg, scratch, res, True, False),
     "replay": bench_replay,
+    **COLD,
 }
 
 ROW_KEYS: dict[str, tuple[str, ...]] = {
@@ -376,4 +378,5 @@ ROW_KEYS: dict[str, tuple[str, ...]] = {
                   "dead_find_missing_cold"),
     "dead_remove": ("dead_remove_1", "dead_remove_many"),
     "replay": ("replay", "replay_rotated"),
+    "cold": COLD_ROW_KEYS,
 }

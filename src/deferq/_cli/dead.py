@@ -16,8 +16,9 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Final
 
 from deferq._cli.output import (
@@ -32,6 +33,7 @@ from deferq._cli.output import (
 from deferq._cli.parser import EXIT_USAGE
 from deferq._cli.progress import Progress
 from deferq._cli.store import CommandError, require_store, storage_of
+from deferq._core.names import dead_data_name
 from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask
 from deferq._engine.deadstore import DeadTaskStore
@@ -44,31 +46,52 @@ DEAD_HEADERS: Final = ("ID", "TASK CLASS", "ATTEMPTS", "FAILED AT", "EXCEPTION")
 
 
 class DeadStoreView:
-    """The dead-task half of a backend, without opening a WAL."""
+    """The dead-task half of a backend, without opening a WAL.
 
-    def __init__(self, path: str, prefix: str) -> None:
-        self._store = DeadTaskStore(OS_ENV, path, prefix)
+    ``read_only`` (S-32): the lock file is opened for reading and nothing is created or
+    fsynced; a store whose dead-task files do not exist yet reads as empty.
+    """
+
+    def __init__(self, path: str, prefix: str, *, read_only: bool = False) -> None:
+        self._store: DeadTaskStore | None = None
+        try:
+            self._store = DeadTaskStore(OS_ENV, path, prefix, read_only=read_only)
+        except FileNotFoundError:
+            if not read_only:
+                raise
+            # No lock file: a data file without one (a copied store) is opened as a writer
+            # opens it (S-1); with neither, there is nothing to read (S-32).
+            if os.path.lexists(os.path.join(path, dead_data_name(prefix))):
+                self._store = DeadTaskStore(OS_ENV, path, prefix)
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
-        return self._store.list_tasks(limit, offset)
+        return [] if self._store is None else self._store.list_tasks(limit, offset)
+
+    def iter_dead_tasks(self, *, offset: int = 0) -> Iterator[DeadTask]:
+        """The store read in lock steps (S-27): what the operator's long reads use (Q-90)."""
+        return iter(()) if self._store is None else self._store.iter_tasks(offset)
 
     def find_dead_task(self, task_id: str) -> DeadTask | None:
-        return self._store.find(check_task_id(task_id))
+        task_id = check_task_id(task_id)
+        return None if self._store is None else self._store.find(task_id)
 
     def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
         if ids is None:
             return 0
         wanted = [ids] if isinstance(ids, str) else list(ids)
+        assert self._store is not None, "a writable view always has a store"
         return self._store.remove({check_task_id(i, argument="id") for i in wanted})
 
     def close(self) -> None:
-        self._store.close()
+        if self._store is not None:
+            self._store.close()
 
 
-def _view(args: argparse.Namespace) -> tuple[str, str, DeadStoreView]:
+def _view(args: argparse.Namespace, *, read_only: bool = False
+          ) -> tuple[str, str, DeadStoreView]:
     path, prefix = storage_of(args)
     require_store(path, prefix)
-    return path, prefix, DeadStoreView(path, prefix)
+    return path, prefix, DeadStoreView(path, prefix, read_only=read_only)
 
 
 def dead_row(task: DeadTask) -> list[str]:
@@ -87,7 +110,7 @@ def _not_found(task_id: str) -> None:
 
 
 def dead_list(args: argparse.Namespace) -> int:
-    _, _, view = _view(args)
+    _, _, view = _view(args, read_only=True)
     try:
         tasks = Operator(view).list_dead(limit=args.limit, offset=args.offset,
                                          task_class=args.task_class,
@@ -103,7 +126,7 @@ def dead_list(args: argparse.Namespace) -> int:
 
 
 def dead_show(args: argparse.Namespace) -> int:
-    _, _, view = _view(args)
+    _, _, view = _view(args, read_only=True)
     try:
         task = Operator(view).find_dead(args.id)
     finally:
@@ -134,8 +157,8 @@ def _select(operator: Operator, args: argparse.Namespace) -> list[str]:
     if args.all == bool(args.ids):
         raise CommandError("give task ids or --all, not both and not neither", EXIT_USAGE)
     if args.all:
-        return [t.id for t in operator.list_dead(task_class=args.task_class,
-                                                 exception_class=args.exception_class)]
+        return operator.select_ids(task_class=args.task_class,
+                                   exception_class=args.exception_class)
     if args.task_class is not None or args.exception_class is not None:
         raise CommandError("--task-class and --exception-class select with --all only",
                            EXIT_USAGE)

@@ -45,7 +45,7 @@ from deferq._engine.io import records_end
 from deferq._engine.osenv import OS_ENV
 from deferq._engine.scan import scan_pending
 from deferq._engine.verify import verify_directory
-from deferq._runtime.operator import Operator, dead_stats
+from deferq._runtime.operator import Operator
 
 EXIT_DAMAGED: Final = 4
 EXIT_STATUSES: Final = """\
@@ -103,12 +103,11 @@ def pending_list(args: argparse.Namespace) -> int:
 def stats(args: argparse.Namespace) -> int:
     path, prefix = _storage(args)
     scans = scan_pending(OS_ENV, path, prefix)
-    view = DeadStoreView(path, prefix)
+    view = DeadStoreView(path, prefix, read_only=True)  # S-32
     try:
-        dead = Operator(view).list_dead()
+        counts = Operator(view).dead_stats()
     finally:
         view.close()
-    counts = dead_stats(dead)
     report: dict[str, object] = {
         "path": path, "prefix": prefix, "wal_files": len(scans),
         "pending_tasks": sum(len(s.pending) for s in scans),

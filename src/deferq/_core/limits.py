@@ -30,6 +30,10 @@ LINE_BYTES_MAX: Final = 8 * 1024 * 1024
 READ_CHUNK_BYTES: Final = 64 * 1024
 TAIL_SCAN_CHUNK_BYTES: Final = 8192
 WRITE_BATCH_BYTES: Final = 256 * 1024
+# --- Long reads of the dead-task store in lock steps (S-27, S-29, L-6): the most one step
+# reads while holding the locks, and how many compactions one read survives.
+DEAD_READ_STEP_BYTES: Final = 1024 * 1024
+DEAD_READ_RESTARTS_MAX: Final = 8
 
 # --- WAL rotation (W-9).
 WAL_SIZE_LIMIT_BYTES: Final = 2_000_000
@@ -85,6 +89,7 @@ def lock_sleep_s(attempt: int) -> float:
 
 assert TASK_ID_BYTES_MAX < TAIL_SCAN_CHUNK_BYTES
 assert READ_CHUNK_BYTES <= LINE_BYTES_MAX
+assert READ_CHUNK_BYTES <= DEAD_READ_STEP_BYTES
 # The largest dead-task record (context in base64 plus escaped text fields, at most twelve
 # output bytes per input character in ASCII-only JSON: a surrogate pair per astral
 # character) must fit in a line.

@@ -9,7 +9,8 @@ opened (S-10); otherwise it reads backwards from the newest end in bounded chunk
 (S-6; ``find`` through ``NeedleScan``, S-13). Scans count the bytes they read, and
 when those reach the file's size the next read builds the index (S-11). Damage is
 counted as the line-by-line scan would count it and reported once per call (S-7,
-S-12).
+S-12). The scan itself is ``deadstream.newest_first`` (S-31); ``iter_tasks`` is the
+operators' long read, which holds the locks only in bounded steps (S-27..S-30).
 
 ``DeadReads`` is a mixin of ``deadstore.DeadTaskStore``, not a separate object: the
 index is shared state of one store (adds extend it, compaction drops it), and the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from deferq._core.deadcodec import decode_dead_payload, decode_dead_record
@@ -35,8 +37,15 @@ from deferq._engine.deadindex import (
     StaleIndex,
     dead_line,
 )
+from deferq._engine.deadstream import (
+    SteppedBlocks,
+    Tally,
+    newest_first,
+    pread_blocks,
+    records_end,
+    stepped_tasks,
+)
 from deferq._engine.env import Env, FileStat, OpenFlag
-from deferq._engine.io import lines_backward
 
 log = logging.getLogger("deferq")
 
@@ -210,34 +219,33 @@ class DeadReads:
         """Up to ``limit`` decoded tasks newest first, read backwards in chunks under the lock.
 
         The first ``offset`` distinct ids (latest records with a valid frame) are
-        skipped without decoding their payloads, so only their ids are held (D-14).
+        skipped checking only their frame and id, so only their ids are held (D-14).
         Stops reading as soon as it has ``limit`` tasks.
         """
         out: list[DeadTask] = []
-        seen: set[str] = set()
-        corrupt = 0
-        low = size
-        undecodable: list[str] = []
-        for raw in lines_backward(self._env, fd, size):
-            low = raw.offset
-            framed, _, faults = dead_line(raw)
-            corrupt += faults
-            if framed is None or framed.task_id in seen:
-                continue
-            seen.add(framed.task_id)
-            if offset:
-                offset -= 1
-                continue
-            task = decode_dead_payload(framed)
-            if isinstance(task, BadLine):
-                undecodable.append(framed.task_id)
-            else:
+        tally = Tally(skip=offset)
+        end = records_end(self._env, fd, size)
+        tally.corrupt += size > end  # a torn tail (R-@F)
+        if limit is None or limit > 0:
+            for task in newest_first(pread_blocks(self._env, fd, end), end, tally):
                 out.append(task)
-            if limit is not None and len(out) >= limit:
-                break
-        self._cold_bytes += size - low
-        self._report(corrupt, undecodable)
+                if limit is not None and len(out) >= limit:
+                    break
+        self._cold_bytes += size - (size if tally.low < 0 else tally.low)
+        self._report(tally.corrupt, tally.undecodable)
         return out
+
+    def iter_tasks(self, offset: int = 0) -> Iterator[DeadTask]:
+        """Implements S-27..S-30: every dead task newest first, read in lock steps.
+
+        The locks are held only inside each step (at most ``DEAD_READ_STEP_BYTES``
+        read), never while the caller works on a task; memory is one step and the ids
+        met. Damage is reported once, when the iterator ends or is closed (S-7).
+        """
+        self._check_usable()
+        return stepped_tasks(
+            lambda: SteppedBlocks(self._env, self._data, self._lock_fd, self._locked),
+            Tally(skip=offset), lambda tally: self._report(tally.corrupt, tally.undecodable))
 
 
 def _needle(task_id: str) -> bytes:

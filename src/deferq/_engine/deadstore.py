@@ -80,8 +80,9 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadCompaction):
     _index_class: type[DeadIndex] = DeadIndex  # S-10 (a mutant swaps it for a weaker one)
     _lock_class: type[DeadLock] = DeadLock  # L-1..L-4 (mutants swap it for broken ones)
 
-    def __init__(self, env: Env, path: str, prefix: str) -> None:
+    def __init__(self, env: Env, path: str, prefix: str, *, read_only: bool = False) -> None:
         self._env = env
+        self._read_only = read_only  # S-32: an operator's view that only reads
         self._path = path
         self._data = join(path, dead_data_name(prefix))
         self._tmp = join(path, dead_tmp_name(prefix))
@@ -89,10 +90,14 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadCompaction):
         self._broken = False
         self._pid = env.getpid()
         self._init_process_state()
-        self._lock = self._lock_class(env, join(path, dead_lock_name(prefix)))  # S-1
+        lock_path = join(path, dead_lock_name(prefix))
+        self._lock = (self._lock_class(env, lock_path, read_only=True) if read_only
+                      else self._lock_class(env, lock_path))  # S-1, S-32
         # The lock file also carries the compaction mark (S-9) and the ctime the index is
         # checked against (S-10): a copy of its descriptor saves the add path one hop.
         self._lock_fd = self._lock.fd
+        if read_only:
+            return  # S-32: nothing created, nothing fsynced
         try:
             self._create_data_file()
         except BaseException:
@@ -128,6 +133,8 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadCompaction):
         caller, each of which enters at once (``with self._locked(...)``).
         """
         self._check_usable()
+        if self._read_only and operation != "read tasks from":
+            raise RuntimeError(f"a read-only view of the dead-task store cannot {operation} it")
         return Held(self._lock, operation)
 
     def _check_usable(self) -> None:

@@ -12,14 +12,19 @@ Rules:
 - Bulk actions act only on what the filters select and return what they
   touched (Q-13).
 - Every method here blocks (locks, fsync): the queue calls them in a thread.
+- Long reads stream (Q-90): over a store that offers ``iter_dead_tasks`` (the CLI's
+  view of the store, S-27), filtered and unfiltered lists, stats and bulk selections
+  read it in lock steps, hold one task at a time and stop as soon as they have their
+  page; over any other backend they fall back to ``list_dead_tasks``.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from deferq._core.types import DeadTask
 from deferq._runtime.serialize import reset_attempts
@@ -43,6 +48,14 @@ class Retried:
     context: bytes
 
 
+@runtime_checkable
+class DeadTaskStream(Protocol):
+    """A dead-task store that can be read as a stream in lock steps (S-27..S-30)."""
+
+    def iter_dead_tasks(self, *, offset: int = 0) -> Iterator[DeadTask]:
+        """Every dead task newest first, each id at most once; ``offset`` skips ids."""
+
+
 class Operator:
     """Dead-task operations over a backend; ``wal`` is needed only by ``retry``."""
 
@@ -52,14 +65,49 @@ class Operator:
 
     def list_dead(self, *, limit: int | None = None, offset: int = 0, task_class: str | None = None,
              exception_class: str | None = None) -> list[DeadTask]:
-        """Dead tasks newest first, filtered by exact class names, then offset and limit."""
-        if task_class is None and exception_class is None:
-            return self._dead.list_dead_tasks(limit=limit, offset=offset)
-        selected = [t for t in self._dead.list_dead_tasks()
-                    if (task_class is None or t.task_class == task_class)
-                    and (exception_class is None or t.exception_class == exception_class)]
-        selected = selected[offset:]
-        return selected if limit is None else selected[:limit]
+        """Dead tasks newest first, filtered by exact class names, then offset and limit.
+
+        Implements Q-90 over a streaming store: one task at a time, stopping at ``limit``.
+        """
+        unfiltered = task_class is None and exception_class is None
+        if not isinstance(self._dead, DeadTaskStream):
+            if unfiltered:
+                return self._dead.list_dead_tasks(limit=limit, offset=offset)
+            selected = [t for t in self._dead.list_dead_tasks()
+                        if (task_class is None or t.task_class == task_class)
+                        and (exception_class is None or t.exception_class == exception_class)]
+            selected = selected[offset:]
+            return selected if limit is None else selected[:limit]
+        if limit == 0:
+            return []
+        stream = self._dead.iter_dead_tasks(offset=offset if unfiltered else 0)
+        try:
+            wanted: Iterator[DeadTask] = stream if unfiltered else itertools.islice(
+                (t for t in stream
+                 if (task_class is None or t.task_class == task_class)
+                 and (exception_class is None or t.exception_class == exception_class)),
+                offset, None)
+            return list(itertools.islice(wanted, limit))
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()  # ends the read now: its damage is reported once (S-7)
+
+    def select_ids(self, *, task_class: str | None = None,
+                   exception_class: str | None = None) -> list[str]:
+        """The ids of the dead tasks the filters select, newest first (Q-90: only ids held)."""
+        if not isinstance(self._dead, DeadTaskStream):
+            return [t.id for t in self.list_dead(task_class=task_class,
+                                                 exception_class=exception_class)]
+        return [t.id for t in self._dead.iter_dead_tasks()
+                if (task_class is None or t.task_class == task_class)
+                and (exception_class is None or t.exception_class == exception_class)]
+
+    def dead_stats(self) -> dict[str, object]:
+        """Counts of the dead tasks (Q-90: streamed when the store can stream)."""
+        if not isinstance(self._dead, DeadTaskStream):
+            return dead_stats(self._dead.list_dead_tasks())
+        return dead_stats(self._dead.iter_dead_tasks())
 
     def find_dead(self, task_id: str) -> DeadTask | None:
         """The dead task with this id, or None."""
@@ -100,10 +148,17 @@ class Operator:
         return self._dead.remove_dead_tasks(list(ids))
 
 
-def dead_stats(tasks: list[DeadTask]) -> dict[str, object]:
-    """Counts of dead tasks, by task class and by exception class."""
+def dead_stats(tasks: Iterable[DeadTask]) -> dict[str, object]:
+    """Counts of dead tasks, by task class and by exception class, one task at a time."""
+    count = 0
+    by_task: Counter[str] = Counter()
+    by_exception: Counter[str] = Counter()
+    for task in tasks:
+        count += 1
+        by_task[task.task_class] += 1
+        by_exception[task.exception_class] += 1
     return {
-        "dead_tasks": len(tasks),
-        "by_task_class": dict(Counter(t.task_class for t in tasks).most_common()),
-        "by_exception_class": dict(Counter(t.exception_class for t in tasks).most_common()),
+        "dead_tasks": count,
+        "by_task_class": dict(by_task.most_common()),
+        "by_exception_class": dict(by_exception.most_common()),
     }

@@ -1,0 +1,149 @@
+"""Cold operator reads: every sample is a fresh process (issue #17 item 8).
+
+An operator command is a new interpreter each time, so nothing a process keeps (an index,
+the caches of a warm ``Disk``) helps it. Each sample here starts ``bench_cold_child.py`` in a
+new interpreter for each side (deferq through the CLI's own view and operator, the raw
+floor, SQLite), which imports, then times opening the store and its first call; the last
+row times a whole ``deferq dead list`` process against whole processes of its peers.
+Peak memory is a separate run of each child under ``tracemalloc``. Rows, baselines and
+targets are in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import bench_reads as rd
+import bench_sqlite as sq
+from bench_common import (
+    FAKE_PID,
+    PAGE,
+    PREFIX,
+    SEED0,
+    Check,
+    Config,
+    MemRow,
+    Results,
+    Row,
+    Sample,
+    Scratch,
+    Target,
+    fmt_bytes,
+    log,
+    run_trio,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHILD = os.path.join(HERE, "bench_cold_child.py")
+
+
+def child(side: str, op: str, store: str, sqlite_dir: str, arg: str,
+          peak: bool = False) -> dict[str, object]:
+    done = subprocess.run([sys.executable, CHILD, side, op, store, sqlite_dir, arg,
+                           *(["--peak"] if peak else [])],
+                          capture_output=True, text=True, check=False, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{side} {op} failed: {done.stderr[-2000:]}")
+    out: dict[str, object] = json.loads(done.stdout)
+    return out
+
+
+def _child_sample(side: str, op: str, store: str, sqlite_dir: str, arg: str) -> Sample:
+    def sample() -> float:
+        seconds = child(side, op, store, sqlite_dir, arg)["s"]
+        assert isinstance(seconds, float)
+        return seconds
+    return sample
+
+
+RAW_CLI = """
+import json, os, sys
+with open(sys.argv[2], "rb") as f:
+    end = f.seek(0, os.SEEK_END)
+    f.seek(max(0, end - int(sys.argv[1])))
+    lines = f.read().split(bytes([10]))[-51:-1]
+for line in reversed(lines):
+    _, _, tid, body = line.split(b":", 3)
+    json.loads(body)
+    print(tid.decode())
+"""
+SQLITE_CLI = """
+import sqlite3, sys, json
+conn = sqlite3.connect(sys.argv[1])
+for tid, body in conn.execute("SELECT id, body FROM dead ORDER BY seq DESC LIMIT 50"):
+    json.loads(body)
+    print(tid)
+"""
+
+
+def _process_sample(argv: list[str]) -> Sample:
+    def sample() -> float:
+        start = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, check=False, timeout=600)
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv[:4]} failed: {done.stderr[-2000:]!r}")
+        return seconds
+    return sample
+
+
+def bench_cold(cfg: Config, scratch: Scratch, res: Results) -> None:
+    n, off = cfg.store_entries, cfg.list_offset
+    size = f"{n // 1000}k" if n >= 1000 else str(n)
+    store, sqlite_dir = scratch.new("cold-store"), scratch.new("cold-store-sqlite")
+    log(f"building a {n:,}-entry dead-task store for the cold rows ...")
+    ids = rd.build_dead_store(store, sqlite_dir, n)
+    recent, missing = ids[-10], f"{SEED0}-{FAKE_PID}-no-such-task"
+    rows: list[tuple[str, str, str, str, Target]] = [
+        ("cold_list_newest", f"list newest {PAGE} of {size}, cold (fresh process)", "newest", "",
+         Target("<= 2x SQLite (cold)", (Check("sqlite", 2.0),))),
+        ("cold_list_offset", f"list {PAGE} at offset {off:,} of {size}, cold (fresh process)",
+         "offset", str(off), Target("<= 3x raw forward scan (cold)", (Check("raw", 3.0),))),
+        ("cold_find_recent", f"find recent id of {size}, cold (fresh process)", "find", recent,
+         Target("<= 2x SQLite (cold)", (Check("sqlite", 2.0),))),
+        ("cold_find_missing", f"find missing id of {size}, cold (fresh process)", "find",
+         missing, Target("<= 1.2x raw scan (cold)", (Check("raw", 1.2),))),
+        ("cold_stats", f"stats of {size}, cold (fresh process)", "stats", "",
+         Target("<= 3x raw decode of every line (cold)", (Check("raw", 3.0),))),
+    ]
+    try:
+        log("checking the answers and measuring peak memory (tracemalloc, in each child) ...")
+        for key, label, op, arg, _ in rows:  # every side must give the same answer first
+            runs = {side: child(side, op, store, sqlite_dir, arg, peak=True)
+                    for side in ("deferq", "raw", "sqlite")}
+            answers = [run["answer"] for run in runs.values()]
+            if answers[0] != answers[1] or answers[0] != answers[2]:
+                raise AssertionError(f"{key} disagrees: {[str(a)[:80] for a in answers]}")
+            peaks = {side: int(str(run["peak"])) for side, run in runs.items()}
+            res.memory.append(MemRow(key, label, peaks))
+            log(f"  {label}: " + ", ".join(f"{s} {fmt_bytes(v)}" for s, v in peaks.items()))
+        reps = 1 if cfg.mode == "smoke" else cfg.reps  # each sample is three processes
+        for key, label, op, arg, target in rows:
+            res.rows.append(run_trio(
+                Row(key, label, "call", target), reps,
+                *(_child_sample(side, op, store, sqlite_dir, arg)
+                  for side in ("deferq", "raw", "sqlite"))))
+        data_path = os.path.join(store, f"{PREFIX}dead_tasks-0")
+        db = os.path.join(sqlite_dir, sq.SQLITE_FILE)
+        res.rows.append(run_trio(
+            Row("cold_cli_list", f"`deferq dead list --limit {PAGE}` of {size}, whole process",
+                "call", Target("<= 2x SQLite process", (Check("sqlite", 2.0),))),
+            reps,
+            _process_sample([sys.executable, "-m", "deferq", "dead", "list", "--path", store,
+                             "--limit", str(PAGE)]),
+            _process_sample([sys.executable, "-c", RAW_CLI, str(256 * 1024), data_path]),
+            _process_sample([sys.executable, "-c", SQLITE_CLI, db])))
+        res.info["cold_store_bytes"] = os.path.getsize(data_path)
+    finally:
+        scratch.remove(store)
+        scratch.remove(sqlite_dir)
+
+
+COLD_ROW_KEYS: tuple[str, ...] = ("cold_list_newest", "cold_list_offset", "cold_find_recent",
+                                  "cold_find_missing", "cold_stats", "cold_cli_list")
+COLD: dict[str, Callable[[Config, Scratch, Results], None]] = {"cold": bench_cold}
