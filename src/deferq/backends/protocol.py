@@ -10,11 +10,11 @@ Arguments reach a backend unchecked: each backend validates its own (C-7).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from deferq._core.types import DeadTask, PendingTask
 
-__all__ = ["Backend", "DeadTaskAdmin"]
+__all__ = ["Backend", "ClaimingBackend", "DeadTaskAdmin"]
 
 
 class DeadTaskAdmin(Protocol):
@@ -76,3 +76,34 @@ class Backend(DeadTaskAdmin, Protocol):
 
     def close(self) -> None:
         """Make every write durable and release every resource; idempotent."""
+
+
+@runtime_checkable
+class ClaimingBackend(Backend, Protocol):
+    """A backend whose pending tasks several workers share (``Postgres``, C-29..C-32).
+
+    A ``Queue`` on such a backend also runs the due tasks it claims (``_runtime/claimer.py``):
+    it calls ``start_claiming`` at start, then ``claim_due``, ``renew_claims`` and
+    ``wait_for_tasks`` in worker threads until it stops, and ``release_claims`` last.
+    """
+
+    lease_seconds: float
+    poll_seconds: float
+
+    def start_claiming(self) -> None:
+        """From now on every task this backend adds is held by it: no other worker runs it."""
+
+    def claim_due(self, limit: int) -> list[PendingTask]:
+        """Claim up to ``limit`` due tasks that no live worker holds; this backend holds them."""
+
+    def renew_claims(self) -> int:
+        """Extend the lease of every task this backend holds; the number it still holds."""
+
+    def release_claims(self) -> int:
+        """Stop claiming and give back every task held, so other workers take them at once."""
+
+    def wait_for_tasks(self, timeout: float) -> bool:
+        """Block until new work may be due, ``wake`` is called or ``timeout`` s passed."""
+
+    def wake(self) -> None:
+        """Make a ``wait_for_tasks`` in progress return at once (thread-safe)."""
