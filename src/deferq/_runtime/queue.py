@@ -38,6 +38,7 @@ from collections.abc import Iterable
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
 from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.backpressure import Backpressure
+from deferq._runtime.claimer import Claimer
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.executor import Executor
@@ -46,7 +47,7 @@ from deferq._runtime.operator import Operator, Retried
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import JSON_CODEC, Context, ContextCodec, ContextError
 from deferq._runtime.task import REGISTRY, Task, TaskRegistry, task_class_of
-from deferq.backends.protocol import Backend
+from deferq.backends.protocol import Backend, ClaimingBackend
 
 log = logging.getLogger("deferq.queue")
 
@@ -86,6 +87,9 @@ class Queue:
         self._scheduler = Scheduler(self.clock, backpressure)
         self._executor = Executor(self._scheduler, self._journal, registry=self.registry,
                                   codec=self.codec, clock=self.clock, rng=self.rng)
+        # on a shared backend (Postgres) the queue also runs the due tasks it claims.
+        self._claimer = (Claimer(backend, self._scheduler, self._executor, self.clock)
+                         if isinstance(backend, ClaimingBackend) else None)
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -125,6 +129,8 @@ class Queue:
                 delayed += pending.publish_at is not None and pending.publish_at > now
             else:
                 unloadable += 1
+        if self._claimer is not None:
+            self._claimer.start(loop)
         # Implements Q-32: what a start found.
         log.info("queue started: %d task(s) replayed (%d delayed), %d unloadable one(s) "
                  "dead-lettered", replayed, delayed, unloadable)
@@ -141,12 +147,16 @@ class Queue:
         if self._state in (_State.STOPPING, _State.STOPPED):
             return True
         self._state = _State.STOPPING
+        if self._claimer is not None:
+            await self._claimer.stop()
         finished = await self._scheduler.stop(wait_s)
         await self._journal.settle()
         try:
             self._journal.close()
         finally:
             self._state = _State.STOPPED
+            if self._claimer is not None:
+                await self._claimer.release()
         return finished
 
     # ------------------------------------------------------------------ enqueue
