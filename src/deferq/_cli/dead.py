@@ -7,6 +7,8 @@ Rules:
 - ``retry`` opens a ``Disk`` (a WAL of its own, fsync on every add), adds each task under
   a new id, fsyncs, and only then removes the dead records (Q-33); the retried tasks run
   at the next start of a worker (a running worker does not adopt another process's WAL).
+- With ``--dsn`` (or ``DEFERQ_DSN``) every command acts on PostgreSQL instead
+  (spec/postgres.md P-7); ``retry`` then adds free tasks that running workers claim.
 - Bulk actions (``--all``) act only on what the filters select; ``--dry-run`` shows the
   selection and changes nothing. Every id asked for and not found is named, on standard
   error (and in the JSON document), and makes the exit status 3.
@@ -19,6 +21,7 @@ import sys
 from collections.abc import Iterable
 from typing import Final
 
+from deferq._cli.db import open_database
 from deferq._cli.output import (
     context_text,
     dead_json,
@@ -36,7 +39,7 @@ from deferq._core.types import DeadTask
 from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.osenv import OS_ENV
 from deferq._runtime.operator import Operator, Retried
-from deferq.backends import Disk
+from deferq.backends import Disk, Postgres
 
 EXIT_NOT_FOUND: Final = 3
 DEAD_HEADERS: Final = ("ID", "TASK CLASS", "ATTEMPTS", "FAILED AT", "EXCEPTION")
@@ -64,7 +67,10 @@ class DeadStoreView:
         self._store.close()
 
 
-def _view(args: argparse.Namespace) -> tuple[str, str, DeadStoreView]:
+def _view(args: argparse.Namespace) -> tuple[str, str, DeadStoreView | Postgres]:
+    database = open_database(args)  # P-7: --dsn / DEFERQ_DSN, never created
+    if database is not None:
+        return "", "", database
     path, prefix = storage_of(args)
     require_store(path, prefix)
     return path, prefix, DeadStoreView(path, prefix)
@@ -187,8 +193,11 @@ def dead_retry(args: argparse.Namespace) -> int:
     if ids:
         progress = Progress("retry: steps", 2 * len(ids))
         try:
-            with Disk(path=path, prefix=prefix, fsync_frequency=0) as disk:
-                retried, missing = Operator(disk, disk).retry_dead(
+            # On PostgreSQL (P-7) the retried tasks are free rows that running workers
+            # claim at once (P-21); in a directory they go to a WAL of their own.
+            store = open_database(args) or Disk(path=path, prefix=prefix, fsync_frequency=0)
+            with store:
+                retried, missing = Operator(store, store).retry_dead(
                     ids, on_task=progress.step)
         finally:
             progress.close()
@@ -200,7 +209,9 @@ def dead_retry(args: argparse.Namespace) -> int:
     else:
         for item in retried:
             print(f"retried {safe(item.old_id)} as {item.new_id}")
-        print(f"retried {len(retried)} dead task(s); they run at the next start of a worker")
+        runs = ("running workers claim them now" if path == "" else
+                "they run at the next start of a worker")
+        print(f"retried {len(retried)} dead task(s); {runs}")
     return EXIT_NOT_FOUND if missing else 0
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from deferq._core.types import DeadTask
 from deferq._runtime.serialize import reset_attempts
-from deferq.backends.protocol import Backend, DeadTaskAdmin
+from deferq.backends.protocol import Backend, DeadTaskAdmin, DeadTaskFilters
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,10 @@ class Operator:
         """Dead tasks newest first, filtered by exact class names, then offset and limit."""
         if task_class is None and exception_class is None:
             return self._dead.list_dead_tasks(limit=limit, offset=offset)
+        if isinstance(self._dead, DeadTaskFilters):  # P-32: the store filters from an index
+            return self._dead.list_dead_tasks_where(limit=limit, offset=offset,
+                                                    task_class=task_class,
+                                                    exception_class=exception_class)
         selected = [t for t in self._dead.list_dead_tasks()
                     if (task_class is None or t.task_class == task_class)
                     and (exception_class is None or t.exception_class == exception_class)]

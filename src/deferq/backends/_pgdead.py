@@ -90,7 +90,10 @@ def remove_dead(conn: psycopg.Connection[tuple[object, ...]], s: str, ids: set[s
     return cur.rowcount
 
 
-def count_dead(conn: psycopg.Connection[tuple[object, ...]], s: str) -> int:
-    row = conn.execute(f"SELECT count(*) FROM {s}.dead").fetchone()
-    assert row is not None and isinstance(row[0], int)
-    return row[0]
+def counts_by(conn: psycopg.Connection[tuple[object, ...]], s: str,
+              column: str) -> dict[str, int]:
+    """Dead tasks per value of ``column`` (``task_class`` or ``exception_class``), most first."""
+    assert column in ("task_class", "exception_class")
+    rows = conn.execute(f"SELECT {column}, count(*) FROM {s}.dead GROUP BY {column} "
+                        f"ORDER BY count(*) DESC, {column}").fetchall()
+    return {str(name): int(str(n)) for name, n in rows}

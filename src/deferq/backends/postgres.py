@@ -55,7 +55,7 @@ from deferq.backends._pgschema import (
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Postgres", "PostgresError"]
+__all__ = ["Postgres", "PostgresError", "migrate_schema"]
 
 T = TypeVar("T")
 
@@ -90,6 +90,19 @@ def connect(dsn: str, timeout_s: float = 10.0) -> psycopg.Connection[tuple[objec
     except psycopg.Error as exc:
         raise PostgresError(f"cannot connect to PostgreSQL ({_where(dsn)}): "
                             f"{_first_line(exc)}") from exc
+
+
+def migrate_schema(dsn: str, schema: str, *, create: bool) -> tuple[int, int]:
+    """Implements P-3 for ``deferq db init`` (``create``) and ``db upgrade``: (before, after)."""
+    check_schema_name(schema)
+    require_psycopg()
+    import psycopg
+    with connect(dsn) as conn:
+        try:
+            return migrate(conn, schema, create=create)
+        except psycopg.Error as exc:
+            raise PostgresError(f"PostgreSQL ({_where(dsn)}, schema {schema!r}): creating or "
+                                f"upgrading the tables failed: {_first_line(exc)}") from exc
 
 
 def _where(dsn: str) -> str:
@@ -332,6 +345,12 @@ class Postgres:
             exception_class=exception_class, failed_from=failed_from,
             failed_until=failed_until), retry=True)
 
+    def list_dead_tasks_where(self, *, limit: int | None, offset: int, task_class: str | None,
+                              exception_class: str | None) -> list[DeadTask]:
+        """``DeadTaskFilters``: what the operator's filtered listing uses (P-32)."""
+        return self.list_dead_tasks(limit=limit, offset=offset, task_class=task_class,
+                                    exception_class=exception_class)
+
     def find_dead_task(self, task_id: str) -> DeadTask | None:
         tid = check_task_id(task_id)
         return self._do("find a dead task", lambda c: _pgdead.find_dead(c, self._s, tid),
@@ -342,12 +361,18 @@ class Postgres:
         return self._do("remove dead tasks", lambda c: _pgdead.remove_dead(c, self._s, wanted),
                         retry=True)
 
-    def counts(self) -> dict[str, int]:
-        """Pending tasks, those under a live lease, and dead tasks (``deferq stats``)."""
-        def work(conn: psycopg.Connection[tuple[object, ...]]) -> dict[str, int]:
-            pending, claimed = _pgclaims.count_pending(conn, self._s)
+    def stats(self) -> dict[str, object]:
+        """Pending tasks, those under a live lease, and dead tasks by task and exception class,
+        in one REPEATABLE READ snapshot (``deferq stats``)."""
+        def work(conn: psycopg.Connection[tuple[object, ...]]) -> dict[str, object]:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                pending, claimed = _pgclaims.count_pending(conn, self._s)
+                by_task = _pgdead.counts_by(conn, self._s, "task_class")
+                by_exception = _pgdead.counts_by(conn, self._s, "exception_class")
             return {"pending_tasks": pending, "claimed_tasks": claimed,
-                    "dead_tasks": _pgdead.count_dead(conn, self._s)}
+                    "dead_tasks": sum(by_task.values()), "by_task_class": by_task,
+                    "by_exception_class": by_exception}
         return self._do("count tasks", work, retry=True)
 
     # --- lifecycle

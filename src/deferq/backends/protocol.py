@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from deferq._core.types import DeadTask, PendingTask
 
-__all__ = ["Backend", "ClaimingBackend", "DeadTaskAdmin"]
+__all__ = ["Backend", "ClaimingBackend", "DeadTaskAdmin", "DeadTaskFilters"]
 
 
 class DeadTaskAdmin(Protocol):
@@ -28,6 +28,16 @@ class DeadTaskAdmin(Protocol):
 
     def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
         """Remove dead tasks by id (a ``str`` is one id); return how many distinct ids were found."""
+
+
+@runtime_checkable
+class DeadTaskFilters(Protocol):
+    """A dead-task store that filters by itself, from an index (``Postgres``, P-32): the
+    operator uses it, when present, instead of listing everything and filtering here."""
+
+    def list_dead_tasks_where(self, *, limit: int | None, offset: int, task_class: str | None,
+                              exception_class: str | None) -> list[DeadTask]:
+        """``list_dead_tasks`` of only the tasks of this task class and exception class."""
 
 
 class Backend(DeadTaskAdmin, Protocol):
