@@ -144,6 +144,26 @@ def test_a_failing_statement_names_the_operation_and_the_schema(
         db.list_dead_tasks()
 
 
+@pytest.mark.spec("P-6")
+def test_a_read_only_server_and_a_statement_timeout_are_clear_errors(pg: PgSchema) -> None:
+    import psycopg
+
+    Postgres(dsn=pg.dsn, schema=pg.schema, create_schema=True).close()
+    read_only = f"{pg.dsn} options='-c default_transaction_read_only=on'"
+    with Postgres(dsn=read_only, schema=pg.schema) as replica:
+        assert replica.list_dead_tasks() == []  # reads work
+        with pytest.raises(PostgresError, match="add a task: it failed: .*read-only"):
+            replica.add_task(b"x")
+    slow = f"{pg.dsn} options='-c statement_timeout=50'"
+    with Postgres(dsn=slow, schema=pg.schema) as db:
+        with psycopg.connect(pg.dsn) as locker:  # holds a lock the add must wait for
+            locker.execute(f'LOCK TABLE "{pg.schema}".pending IN ACCESS EXCLUSIVE MODE')
+            with pytest.raises(PostgresError, match="add a task: it failed: .*statement timeout"):
+                db.add_task(b"x")
+        assert db.add_task(b"x")  # the connection is fine afterwards
+    assert sql(pg, "SELECT count(*) FROM {s}.pending") == [(1,)]
+
+
 @pytest.mark.spec("P-10", "P-12", "P-16", "P-17", "P-18")
 def test_adds_removes_and_rows(pg: PgSchema, db: Postgres) -> None:
     assert db.group_commit is False
@@ -273,7 +293,8 @@ def test_a_closed_backend_refuses_every_call(db: Postgres) -> None:
     db.close()
     db.close()
     for call in (lambda: db.add_task(b"x"), db.pending_tasks, db.list_dead_tasks, db.sync,
-                 lambda: db.claim_due(1)):
+                 lambda: db.claim_due(1), db.written_ticket, lambda: db.sync_through(0),
+                 lambda: db.wait_for_tasks(0)):
         with pytest.raises(StorageClosedError):
             call()
 
@@ -292,3 +313,28 @@ def test_what_was_acknowledged_survives_a_server_crash(pg: PgSchema) -> None:
         assert db.find_dead_task(kept[0]) is not None
     ids = [row[0] for row in sql(pg, "SELECT id FROM {s}.pending ORDER BY seq")]
     assert ids == kept[1:]
+
+
+@pytest.mark.spec("C-29", "C-16")
+def test_postgres_has_every_member_of_the_protocols_with_their_signatures() -> None:
+    import inspect
+
+    from tests.unit.test_backend_protocol import BACKEND_MEMBERS
+
+    claim_members = ("start_claiming", "claim_due", "renew_claims", "release_claims",
+                     "wait_for_tasks", "wake")
+    for protocol, names in ((Backend, BACKEND_MEMBERS), (ClaimingBackend, claim_members)):
+        for name in names:
+            wanted = inspect.getattr_static(protocol, name)
+            got = inspect.getattr_static(Postgres, name)
+            if isinstance(wanted, property):
+                assert isinstance(got, property), name
+                continue
+            want = [(p.name, p.kind, p.default)
+                    for p in inspect.signature(wanted).parameters.values()]
+            params = list(inspect.signature(got).parameters.values())
+            # The protocol's parameters, in order; only optional keyword-only ones may follow
+            # (list_dead_tasks' filters, P-32).
+            assert [(p.name, p.kind, p.default) for p in params[:len(want)]] == want, name
+            assert all(p.kind is p.KEYWORD_ONLY and p.default is not p.empty
+                       for p in params[len(want):]), name

@@ -230,6 +230,7 @@ class Postgres:
 
     def written_ticket(self) -> int:
         with self._lock:
+            self._check_open()
             return self._written
 
     def sync_through(self, ticket: int) -> None:
