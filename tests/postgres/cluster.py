@@ -38,10 +38,14 @@ class Cluster:
 
     def __init__(self, bin_dir: Path) -> None:
         self.bin_dir = bin_dir
-        self.root = Path(tempfile.mkdtemp(prefix="deferq-pg-"))
+        self._as_root = os.geteuid() == 0
+        # As root, in /tmp itself: the unprivileged user must be able to reach the directory,
+        # which a $TMPDIR under root's home would not let it do. A short path, too: a Unix
+        # socket's path is limited to about 100 bytes.
+        self.root = Path(tempfile.mkdtemp(prefix="deferq-pg-",
+                                          dir="/tmp" if self._as_root else None))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
-        self._as_root = os.geteuid() == 0
         if self._as_root:
             shutil.chown(self.root, user=UNPRIVILEGED)
         self.running = False

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -66,6 +67,15 @@ class PgSchema:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             cur = conn.execute(query.replace("{s}", f'"{self.schema}"'), params)
             return cur.fetchall() if cur.description else []
+
+    def terminate(self, pid: int) -> None:
+        """``pg_terminate_backend(pid)``, then wait until that session is gone (the server
+        ends it asynchronously)."""
+        self.sql("SELECT pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + 20
+        while self.sql("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)):
+            assert time.monotonic() < deadline, f"session {pid} was not terminated"
+            time.sleep(0.01)
 
 
 @pytest.fixture

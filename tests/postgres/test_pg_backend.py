@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -119,21 +121,51 @@ def test_a_wrong_dsn_is_a_clear_error_without_the_password(pg: PgSchema) -> None
 
 
 @pytest.mark.spec("P-6")
-def test_a_dropped_connection_fails_one_call_and_the_next_reconnects(
+def test_a_connection_dropped_while_idle_is_replaced_before_the_next_statement(
         pg: PgSchema, db: Postgres) -> None:
     def kill() -> None:
         assert db._conn is not None
-        sql(pg, "SELECT pg_terminate_backend(%s)", (db._conn.info.backend_pid,))
+        pg.terminate(db._conn.info.backend_pid)
 
     kill()
-    tid = db.add_task(b"x", None, "7-1")  # idempotent: retried once on a fresh connection
+    tid = db.add_task(b"x", None, "7-1")  # an idempotent write
     kill()
-    assert [t.task_id for t in db.pending_tasks()] == []  # a read: retried, answers
+    assert [t.task_id for t in db.pending_tasks()] == []  # a read
     kill()
-    with pytest.raises(PostgresError, match="add a task: the connection to PostgreSQL was lost"):
-        db.add_task(b"y")  # a new id is not retried: its outcome would be unknown
-    assert db.add_task(b"z")
-    assert sql(pg, "SELECT count(*) FROM {s}.pending WHERE id = %s", (tid,)) == [(1,)]
+    new = db.add_task(b"y")  # a new id is never retried: it must not be sent on a dead connection
+    assert sql(pg, "SELECT id FROM {s}.pending ORDER BY seq") == [(tid,), (new,)]
+
+
+@pytest.mark.spec("P-6")
+def test_a_connection_dropped_mid_statement_fails_that_call_and_the_next_reconnects(
+        pg: PgSchema, db: Postgres) -> None:
+    import psycopg
+
+    assert db._conn is not None
+    pid = db._conn.info.backend_pid
+    failed: list[BaseException] = []
+
+    def add() -> None:
+        try:
+            db.add_task(b"blocked")
+        except PostgresError as exc:
+            failed.append(exc)
+
+    with psycopg.connect(pg.dsn) as locker:  # the add waits for this lock, mid-statement
+        locker.execute(f'LOCK TABLE "{pg.schema}".pending IN ACCESS EXCLUSIVE MODE')
+        adder = threading.Thread(target=add)
+        adder.start()
+        deadline = time.monotonic() + 20
+        while not sql(pg, "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type "
+                          "= 'Lock'", (pid,)):
+            assert time.monotonic() < deadline, "the add never waited for the lock"
+            time.sleep(0.01)
+        pg.terminate(pid)
+        adder.join(20)
+    assert len(failed) == 1
+    assert "add a task: the connection to PostgreSQL was lost" in str(failed[0])
+    assert db.add_task(b"next")
+    assert [r[0] for r in sql(pg, "SELECT context FROM {s}.pending")] == [b"next"]
 
 
 @pytest.mark.spec("P-6")

@@ -192,3 +192,30 @@ def test_the_heartbeat_keeps_a_long_task_held(pg: PgSchema) -> None:
             assert float(str(left[0][0])) > 0
             assert await queue.stop(5)
     asyncio.run(scenario())
+
+
+@pytest.mark.spec("Q-76", "P-6")
+def test_a_queue_survives_the_server_dropping_all_its_connections(
+        pg: PgSchema, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        with backend(pg) as db, backend(pg) as producer:
+            queue = deferq.Queue(db, registry=REG)
+            await queue.start()
+            queue.enqueue(Record, "before")
+            await eventually("the first task ran", lambda: RUNS["before"] == 1)
+            await asyncio.sleep(0.1)  # the claimer is waiting on its LISTEN connection
+            sessions = [row[0] for row in sql(
+                pg, "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                    "AND backend_type = 'client backend'")]
+            assert len(sessions) >= 3  # the queue's statement and LISTEN ones, the producer's
+            for pid in sessions:
+                assert isinstance(pid, int)
+                pg.terminate(pid)
+            producer.add_task(context("pg.Record", "after"))  # on a fresh connection (P-6)
+            await eventually("the queue reconnected and ran the next task",
+                             lambda: RUNS["after"] == 1)
+            queue.enqueue(Record, "own")  # its statement connection is back too
+            await eventually("its own enqueue ran", lambda: RUNS["own"] == 1)
+            assert await queue.stop(5)
+    with caplog.at_level(logging.ERROR, logger="deferq.queue"):
+        asyncio.run(scenario())

@@ -105,6 +105,15 @@ def migrate_schema(dsn: str, schema: str, *, create: bool) -> tuple[int, int]:
                                 f"upgrading the tables failed: {_first_line(exc)}") from exc
 
 
+def _said_something(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
+    """Whether an idle connection's socket is readable: the server sent something (or closed)."""
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
 def _where(dsn: str) -> str:
     """The server a DSN names, without its password."""
     try:
@@ -170,6 +179,9 @@ class Postgres:
             if self._closed:
                 raise StorageClosedError("the Postgres backend is closed")
             for attempt in (1, 2):
+                if self._conn is not None and not self._conn.closed and _said_something(
+                        self._conn):
+                    self._probe(self._conn)
                 if self._conn is None or self._conn.closed:
                     self._conn = connect(self._dsn)
                 conn = self._conn
@@ -187,6 +199,18 @@ class Postgres:
                                         f"{self.schema!r}): {what}: {reason}: "
                                         f"{_first_line(exc)}") from exc
             raise AssertionError("unreachable")
+
+    def _probe(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        """Implements P-6 for a connection the server spoke on while it was idle: almost always
+        to say it is closing it (a restart, ``pg_terminate_backend``, an idle timeout). Find
+        out with a statement that changes nothing, and drop the connection if it is gone, so
+        that a write that cannot be retried is never sent on a dead one."""
+        import psycopg
+        try:
+            conn.execute("SELECT 1")
+        except psycopg.Error:
+            conn.close()
+            self._conn = None
 
     @property
     def group_commit(self) -> bool:
