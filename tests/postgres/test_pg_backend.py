@@ -82,7 +82,7 @@ def test_creating_the_tables_twice_changes_nothing(pg: PgSchema) -> None:
 @pytest.mark.spec("P-3")
 def test_an_upgrade_never_creates_tables(pg: PgSchema) -> None:
     from deferq.backends._pgschema import migrate
-    from deferq.backends.postgres import connect
+    from deferq.backends._pgconn import connect
 
     with connect(pg.dsn) as conn:
         with pytest.raises(PostgresError, match="db init"):
@@ -124,8 +124,8 @@ def test_a_wrong_dsn_is_a_clear_error_without_the_password(pg: PgSchema) -> None
 def test_a_connection_dropped_while_idle_is_replaced_before_the_next_statement(
         pg: PgSchema, db: Postgres) -> None:
     def kill() -> None:
-        assert db._conn is not None
-        pg.terminate(db._conn.info.backend_pid)
+        assert db._session.conn is not None
+        pg.terminate(db._session.conn.info.backend_pid)
 
     kill()
     tid = db.add_task(b"x", None, "7-1")  # an idempotent write
@@ -141,8 +141,8 @@ def test_a_connection_dropped_mid_statement_fails_that_call_and_the_next_reconne
         pg: PgSchema, db: Postgres) -> None:
     import psycopg
 
-    assert db._conn is not None
-    pid = db._conn.info.backend_pid
+    assert db._session.conn is not None
+    pid = db._session.conn.info.backend_pid
     failed: list[BaseException] = []
 
     def add() -> None:

@@ -7,12 +7,11 @@ Rules:
   table, renews its leases, and wakes on LISTEN/NOTIFY (``_runtime/claimer.py``).
 - Every write is one transaction, committed before the method returns: durable on the
   server when it returns (P-16). ``sync`` flags are accepted and change nothing.
-- psycopg 3 is imported only here, when a ``Postgres`` is made (P-1); a missing psycopg is
-  a ``PostgresError`` saying what to install.
-- One connection for the statements, guarded by a lock (the queue calls from its loop and
-  from worker threads), and one for LISTEN. A dropped connection makes the call raise
-  ``PostgresError`` and the next call connects again; a read is tried once more on a fresh
-  connection first (P-6).
+- psycopg 3 is imported only when a ``Postgres`` is made (P-1); a missing psycopg is a
+  ``PostgresError`` saying what to install.
+- One connection for the statements and one for LISTEN (``_pgconn``): a dropped connection
+  makes the call raise ``PostgresError`` and the next call connects again; reads and
+  idempotent writes are tried once more on a fresh connection first (P-6).
 - The backend remembers which tasks it holds (claimed or added while claiming); a
   heartbeat renews only those, so a task claimed by a statement whose answer was lost
   expires and is taken by another worker rather than held forever (P-25).
@@ -21,14 +20,13 @@ Rules:
 from __future__ import annotations
 
 import math
-import select
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from deferq._core.errors import StorageClosedError
 from deferq._core.taskid import check_task_id
@@ -42,6 +40,7 @@ from deferq.backends._arguments import (
     check_publish_at,
 )
 from deferq.backends._deadtask import dead_task_for
+from deferq.backends._pgconn import Listener, Session, connect, first_line, require_psycopg, where
 from deferq.backends._pgschema import (
     DEFAULT_SCHEMA,
     NOTIFY_PREFIX,
@@ -57,39 +56,12 @@ if TYPE_CHECKING:
 
 __all__ = ["Postgres", "PostgresError", "migrate_schema"]
 
-T = TypeVar("T")
-
 
 def _seconds(name: str, value: object, low: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
             value) or value < low:
         raise ValueError(f"{name} must be a number of seconds >= {low}, got {value!r}")
     return float(value)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
-
-
-def require_psycopg() -> None:
-    """Implements P-1: psycopg is loaded here, when a Postgres is made, or the error says why."""
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        raise PostgresError("the Postgres backend needs psycopg 3: pip install "
-                            "'deferq[postgres]'") from None
-
-
-def connect(dsn: str, timeout_s: float = 10.0) -> psycopg.Connection[tuple[object, ...]]:
-    """An autocommit connection to ``dsn``, or ``PostgresError`` naming what failed (P-6)."""
-    require_psycopg()
-    import psycopg
-    try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, int(timeout_s)))
-    except psycopg.Error as exc:
-        raise PostgresError(f"cannot connect to PostgreSQL ({_where(dsn)}): "
-                            f"{_first_line(exc)}") from exc
 
 
 def migrate_schema(dsn: str, schema: str, *, create: bool) -> tuple[int, int]:
@@ -101,27 +73,8 @@ def migrate_schema(dsn: str, schema: str, *, create: bool) -> tuple[int, int]:
         try:
             return migrate(conn, schema, create=create)
         except psycopg.Error as exc:
-            raise PostgresError(f"PostgreSQL ({_where(dsn)}, schema {schema!r}): creating or "
-                                f"upgrading the tables failed: {_first_line(exc)}") from exc
-
-
-def _said_something(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
-    """Whether an idle connection's socket is readable: the server sent something (or closed)."""
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
-
-
-def _where(dsn: str) -> str:
-    """The server a DSN names, without its password."""
-    try:
-        from psycopg.conninfo import conninfo_to_dict
-        parts = conninfo_to_dict(dsn)
-    except Exception:  # noqa: BLE001 - a DSN psycopg cannot parse: say so, show none of it
-        return "an unparsable DSN"
-    return ", ".join(f"{k}={parts[k]}" for k in ("host", "port", "dbname", "user") if k in parts)
+            raise PostgresError(f"PostgreSQL ({where(dsn)}, schema {schema!r}): creating or "
+                                f"upgrading the tables failed: {first_line(exc)}") from exc
 
 
 class Postgres:
@@ -150,13 +103,10 @@ class Postgres:
         self._s = quoted(schema)
         self._channel = NOTIFY_PREFIX + schema
         self.owner = f"{socket.gethostname()[:40]}/{uuid.uuid4().hex[:16]}"
-        self._lock = threading.Lock()
-        self._listen_lock = threading.Lock()
-        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
-        self._listener: psycopg.Connection[tuple[object, ...]] | None = None
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self._lock = threading.Lock()  # of the state below; the connections have their own
+        self._session = Session(dsn, schema)
+        self._do = self._session.run
+        self._listener = Listener(dsn, self._channel)
         self._held: set[str] = set()
         self._claiming = False
         self._closed = False
@@ -169,48 +119,6 @@ class Postgres:
         except BaseException:
             self.close()
             raise
-
-    # --- the connection
-    def _do(self, what: str, work: Callable[[psycopg.Connection[tuple[object, ...]]], T], *,
-            retry: bool = False) -> T:
-        """Run ``work`` on the connection under the lock; psycopg errors become PostgresError."""
-        import psycopg
-        with self._lock:
-            if self._closed:
-                raise StorageClosedError("the Postgres backend is closed")
-            for attempt in (1, 2):
-                if self._conn is not None and not self._conn.closed and _said_something(
-                        self._conn):
-                    self._probe(self._conn)
-                if self._conn is None or self._conn.closed:
-                    self._conn = connect(self._dsn)
-                conn = self._conn
-                try:
-                    return work(conn)
-                except psycopg.Error as exc:
-                    lost = conn.closed or conn.broken
-                    if lost:
-                        self._conn = None
-                        conn.close()
-                    if lost and retry and attempt == 1:
-                        continue  # a read, on a connection that died: once more, afresh
-                    reason = "the connection to PostgreSQL was lost" if lost else "it failed"
-                    raise PostgresError(f"PostgreSQL ({_where(self._dsn)}, schema "
-                                        f"{self.schema!r}): {what}: {reason}: "
-                                        f"{_first_line(exc)}") from exc
-            raise AssertionError("unreachable")
-
-    def _probe(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
-        """Implements P-6 for a connection the server spoke on while it was idle: almost always
-        to say it is closing it (a restart, ``pg_terminate_backend``, an idle timeout). Find
-        out with a statement that changes nothing, and drop the connection if it is gone, so
-        that a write that cannot be retried is never sent on a dead one."""
-        import psycopg
-        try:
-            conn.execute("SELECT 1")
-        except psycopg.Error:
-            conn.close()
-            self._conn = None
 
     @property
     def group_commit(self) -> bool:
@@ -307,38 +215,13 @@ class Postgres:
 
         True when a notification came.
         """
-        import psycopg
         wait_s = _seconds("timeout", timeout, 0.0)
-        with self._listen_lock:
-            self._check_open()
-            try:
-                if self._listener is None or self._listener.closed:
-                    self._listener = connect(self._dsn)
-                    self._listener.execute(f'LISTEN "{self._channel}"')
-                listener = self._listener
-                if any(True for _ in listener.notifies(timeout=0)):
-                    return True
-                wake_fd = self._wake_r.fileno()
-                ready, _, _ = select.select([listener.fileno(), wake_fd], [], [], wait_s)
-                if wake_fd in ready:
-                    try:
-                        self._wake_r.recv(4096)
-                    except BlockingIOError:
-                        pass
-                return any(True for _ in listener.notifies(timeout=0))
-            except psycopg.Error as exc:
-                if self._listener is not None:
-                    self._listener.close()
-                    self._listener = None
-                raise PostgresError(f"PostgreSQL ({_where(self._dsn)}): waiting for new "
-                                    f"tasks: {_first_line(exc)}") from exc
+        self._check_open()
+        return self._listener.wait(wait_s)
 
     def wake(self) -> None:
         """Make a ``wait_for_tasks`` in progress (or the next one) return at once."""
-        try:
-            self._wake_w.send(b"!")
-        except (BlockingIOError, OSError):
-            pass  # already woken, or closed
+        self._listener.wake()
 
     # --- dead tasks
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
@@ -410,18 +293,9 @@ class Postgres:
                 self.release_claims()
             except PostgresError:
                 pass  # unreachable: the leases expire on their own (P-23)
-        self.wake()
-        with self._lock:
-            self._closed = True
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-        with self._listen_lock:
-            if self._listener is not None:
-                self._listener.close()
-                self._listener = None
-            self._wake_r.close()
-            self._wake_w.close()
+        self._closed = True
+        self._listener.close()
+        self._session.close()
 
     def _check_open(self) -> None:
         if self._closed:
