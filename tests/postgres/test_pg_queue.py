@@ -50,8 +50,9 @@ def context(task: str, *args: object) -> bytes:
 
 
 def backend(pg: PgSchema, **options: object) -> Postgres:
-    return Postgres(dsn=pg.dsn, schema=pg.schema, create_schema=True, poll_seconds=0.05,
-                    **options)  # type: ignore[arg-type]
+    settings: dict[str, object] = {"poll_seconds": 0.05, **options}
+    return Postgres(dsn=pg.dsn, schema=pg.schema, create_schema=True,
+                    **settings)  # type: ignore[arg-type]
 
 
 def sql(pg: PgSchema, query: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
@@ -219,3 +220,23 @@ def test_a_queue_survives_the_server_dropping_all_its_connections(
             assert await queue.stop(5)
     with caplog.at_level(logging.ERROR, logger="deferq.queue"):
         asyncio.run(scenario())
+
+
+@pytest.mark.spec("Q-75", "Q-77", "P-27")
+def test_an_idle_queue_wakes_on_notify_and_stops_at_once_with_a_long_poll(pg: PgSchema) -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        with backend(pg, poll_seconds=60) as db, backend(pg) as producer:
+            queue = deferq.Queue(db, registry=REG)
+            await queue.start()
+            await asyncio.sleep(0.3)  # the claimer found nothing and waits on LISTEN
+            started = loop.time()
+            producer.add_task(context("pg.Record", "woken"))
+            await eventually("the NOTIFY woke the queue", lambda: RUNS["woken"] == 1, 10)
+            assert loop.time() - started < 10  # polling alone would take 60 s
+            await asyncio.sleep(0.3)  # waiting on LISTEN again
+            started = loop.time()
+            assert await queue.stop(5)
+            await asyncio.to_thread(db.close)  # waits for the LISTEN thread to let go
+            assert loop.time() - started < 10  # wake() ended the wait
+    asyncio.run(scenario())
