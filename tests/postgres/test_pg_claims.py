@@ -180,3 +180,28 @@ def test_idle_workers_wake_on_notify_and_on_wake(workers: list[Postgres]) -> Non
     assert a.wait_for_tasks(20) is False
     assert time.monotonic() - started < 10
     waker.join()
+
+
+@pytest.mark.spec("P-25")
+def test_a_task_whose_removal_or_re_add_failed_is_no_longer_renewed(
+        pg: PgSchema, workers: list[Postgres]) -> None:
+    from deferq.backends import PostgresError
+
+    a, _, _ = workers
+    a.start_claiming()
+    ids = [a.add_task(b"x") for _ in range(3)]
+    assert a.renew_claims() == 3
+    sql(pg, f'''CREATE FUNCTION "{pg.schema}".refuse() RETURNS trigger LANGUAGE plpgsql AS
+                $$ BEGIN RAISE EXCEPTION 'refused'; END $$''')
+    sql(pg, "CREATE TRIGGER refuse BEFORE DELETE OR UPDATE ON {s}.pending FOR EACH ROW "
+            f'EXECUTE FUNCTION "{pg.schema}".refuse()')
+    with pytest.raises(PostgresError, match="remove a task: it failed: refused"):
+        a.remove_task(ids[0])
+    with pytest.raises(PostgresError, match="add a task: it failed: refused"):
+        a.add_task(b"retry", None, ids[1])
+    with pytest.raises(PostgresError, match="add a dead task: it failed: refused"):
+        a.add_dead_task(ids[2], b"x", RuntimeError("x"), task_class="K", attempts=1)
+    sql(pg, "DROP TRIGGER refuse ON {s}.pending")
+    assert a.renew_claims() == 0  # all three are left to expire, and to run again elsewhere
+    assert sql(pg, "SELECT count(*) FROM {s}.pending") == [(3,)]
+    assert sql(pg, "SELECT count(*) FROM {s}.dead") == [(0,)]

@@ -133,9 +133,13 @@ class Postgres:
         if sync is not True and sync is not False:
             raise ValueError(f"sync must be a bool, not {type(sync).__name__}")
         owner = self.owner if self._claiming else None
-        added = self._do("add a task", lambda c: _pgclaims.add(
-            c, self._s, self._channel, data, when, tid, owner, self.lease_seconds),
-            retry=tid is not None)
+        try:
+            added = self._do("add a task", lambda c: _pgclaims.add(
+                c, self._s, self._channel, data, when, tid, owner, self.lease_seconds),
+                retry=tid is not None)
+        except PostgresError:
+            self._let_go(tid)
+            raise
         with self._lock:
             self._written += 1
             if owner is not None:
@@ -146,11 +150,25 @@ class Postgres:
         tid = check_task_id(task_id)
         if sync is not True and sync is not False:
             raise ValueError(f"sync must be a bool, not {type(sync).__name__}")
-        if self._do("remove a task", lambda c: _pgclaims.remove(c, self._s, tid), retry=True):
+        try:
+            removed = self._do("remove a task", lambda c: _pgclaims.remove(c, self._s, tid),
+                               retry=True)
+        except PostgresError:
+            self._let_go(tid)
+            raise
+        if removed:
             with self._lock:
                 self._written += 1
         with self._lock:
             self._held.discard(tid)
+
+    def _let_go(self, task_id: str | None) -> None:
+        """Implements P-25 for a task that is done here, or whose removal, re-add or give-up
+        failed: the queue no longer has it scheduled, so its lease is left to expire and the
+        task runs again on some worker (at-least-once), instead of being renewed forever."""
+        if task_id is not None:
+            with self._lock:
+                self._held.discard(task_id)
 
     def pending_tasks(self) -> list[PendingTask]:
         """The tasks this backend holds (claimed or added by it), oldest first (P-25)."""
@@ -230,9 +248,10 @@ class Postgres:
         tid, data, error, name, count = check_dead_task(task_id, context, exception, task_class,
                                                         attempts)
         task = dead_task_for(tid, data, error, name, count, int(time.time()))
-        self._do("add a dead task", lambda c: _pgdead.add_dead(c, self._s, task), retry=True)
-        with self._lock:
-            self._held.discard(tid)
+        try:
+            self._do("add a dead task", lambda c: _pgdead.add_dead(c, self._s, task), retry=True)
+        finally:
+            self._let_go(tid)
         return tid
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0,
