@@ -149,9 +149,27 @@ def test_stats_and_the_environment_choose_the_database(
     assert status == 5 and "no storage directory" in err
     status, _, err = cli(capsys, "dead", "list", "--dsn", pg.dsn, "--path", str(tmp_path))
     assert status == 2 and "two different stores" in err
-    for command in (["pending", "list"], ["verify"]):
-        status, _, err = cli(capsys, *command)
-        assert status == 2 and "deferq stats" in err
+    status, _, err = cli(capsys, "verify")
+    assert status == 2 and "deferq stats" in err
+
+
+@pytest.mark.spec("P-7")
+def test_pending_list_shows_every_row_and_who_holds_it(
+        pg: PgSchema, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with Postgres(dsn=pg.dsn, schema=pg.schema) as worker:
+        worker.start_claiming()
+        held = worker.add_task(JSON_CODEC.encode(Context("app.Mail", (9,), {}, 0)), 2_000_000_000)
+        status, out, _ = cli(capsys, "pending", "list", "--dsn", pg.dsn, "--schema", pg.schema,
+                             "--json")
+        assert status == 0
+        rows = json.loads(out)
+        assert [(r["held_by"], r["publish_at"]) for r in rows] == [
+            (None, None), (worker.owner, 2_000_000_000)]
+        assert rows[1]["id"] == held and rows[1]["lease_until"] > 0
+        assert "app.Report" in json.dumps(rows[0]["context"])
+        status, out, _ = cli(capsys, "pending", "list", "--dsn", pg.dsn, "--schema", pg.schema)
+        assert status == 0 and worker.owner in out and "app.Report" in out
+        assert out.splitlines()[-1] == f"2 pending task(s) in schema '{pg.schema}'"
 
 
 @pytest.mark.spec("P-7", "P-6", "P-4")

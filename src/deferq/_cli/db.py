@@ -54,8 +54,8 @@ def open_database(args: argparse.Namespace) -> Postgres | None:
 
 
 def refuse_files_only(args: argparse.Namespace, command: str) -> None:
-    """A command that reads WAL files (``pending list``, ``verify``) has nothing to read in a
-    database: say so instead of reading a directory the user did not mean."""
+    """A command that reads WAL files (``verify``) has nothing to read in a database: say so
+    instead of reading a directory the user did not mean."""
     if database_of(args) is not None:
         raise CommandError(f"{command} reads WAL files in a storage directory; on PostgreSQL "
                            f"use `deferq stats` (--dsn) instead", EXIT_USAGE)

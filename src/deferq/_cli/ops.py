@@ -79,8 +79,34 @@ def _storage(args: argparse.Namespace) -> tuple[str, str]:
     return path, prefix
 
 
+def _database_pending(args: argparse.Namespace) -> int | None:
+    """``deferq pending list`` on PostgreSQL (P-7), or None when it acts on a directory."""
+    database = open_database(args)
+    if database is None:
+        return None
+    with database:
+        rows = database.list_pending()
+    if args.json:
+        print_json([{"id": r.task.task_id, "publish_at": r.task.publish_at,
+                     "held_by": r.held_by, "lease_until": r.lease_until,
+                     "context": context_json(r.task.context)} for r in rows])
+        return 0
+    lines = []
+    for row in rows:
+        name, attempts = context_summary(row.task.context)
+        runs_at = "now" if row.task.publish_at is None else when(row.task.publish_at)
+        lines.append([safe(row.task.task_id), name, attempts, runs_at,
+                      "-" if row.held_by is None else safe(row.held_by)])
+    if lines:
+        print("\n".join(table(("ID", "TASK", "ATTEMPTS", "RUNS AT", "HELD BY"), lines)))
+    print(f"{len(rows)} pending task(s) in schema {database.schema!r}")
+    return 0
+
+
 def pending_list(args: argparse.Namespace) -> int:
-    refuse_files_only(args, "pending list")
+    on_database = _database_pending(args)
+    if on_database is not None:
+        return on_database
     path, prefix = _storage(args)
     scans = scan_pending(OS_ENV, path, prefix)
     if args.json:

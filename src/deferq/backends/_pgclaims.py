@@ -16,7 +16,7 @@ Rules:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from deferq._core.types import PendingTask
 
@@ -107,6 +107,29 @@ def release(conn: psycopg.Connection[tuple[object, ...]], s: str, channel: str,
             SELECT (SELECT count(*) FROM freed), pg_notify('{channel}', '')""", (owner,)).fetchone()
     assert row is not None and isinstance(row[0], int)
     return row[0]
+
+
+class PendingRow(NamedTuple):
+    """A pending task as ``deferq pending list`` shows it: who holds it, and until when."""
+
+    task: PendingTask
+    held_by: str | None
+    lease_until: int | None  # epoch second; in the past: expired, any worker may claim it
+
+
+def listing(conn: psycopg.Connection[tuple[object, ...]], s: str) -> list[PendingRow]:
+    """Every pending task, in due order (P-7's ``pending list``)."""
+    rows = conn.execute(
+        f"SELECT id, context, publish_at, lease_owner, "
+        f"floor(extract(epoch from lease_until))::bigint FROM {s}.pending "
+        f"ORDER BY coalesce(publish_at, 0), seq").fetchall()
+    out = []
+    for row in rows:
+        owner, until = row[3], row[4]
+        assert owner is None or isinstance(owner, str)
+        assert until is None or isinstance(until, int)
+        out.append(PendingRow(_pending_of(row[:3]), owner, until))
+    return out
 
 
 def count_pending(conn: psycopg.Connection[tuple[object, ...]], s: str) -> tuple[int, int]:

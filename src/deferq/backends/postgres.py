@@ -288,6 +288,11 @@ class Postgres:
         return self._do("remove dead tasks", lambda c: _pgdead.remove_dead(c, self._s, wanted),
                         retry=True)
 
+    def list_pending(self) -> list[_pgclaims.PendingRow]:
+        """Every pending task of the schema, whoever holds it, in due order (``pending list``)."""
+        return self._do("list pending tasks", lambda c: _pgclaims.listing(c, self._s),
+                        retry=True)
+
     def stats(self) -> dict[str, object]:
         """Pending tasks, those under a live lease, and dead tasks by task and exception class,
         in one REPEATABLE READ snapshot (``deferq stats``)."""
