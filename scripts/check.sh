@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/pythons.sh
 export DEFERQ_PYTHONS="${DEFERQ_PYTHONS-3.13+}"
+# tests/postgres must run here (setup.sh installs the server): fail rather than skip them.
+export DEFERQ_REQUIRE_POSTGRES="${DEFERQ_REQUIRE_POSTGRES-1}"
 timings=()
 started=$SECONDS
 part() {  # LABEL COMMAND...: run it, note its wall time, return its status

@@ -14,6 +14,18 @@ install_into() {  # VENV_DIR PYTHON
     "$1/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]'
 }
 
+# The PostgreSQL backend's tests (tests/postgres) start a throwaway server: install Debian's
+# PostgreSQL when its binaries are missing (CI runs this as root on a fresh Debian machine).
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "setup: installing postgresql (Debian package) for tests/postgres"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    else
+        echo "setup: warning: no PostgreSQL server binaries and not root: tests/postgres will skip" >&2
+    fi
+fi
+
 PYTHON="${PYTHON:-python3}"
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
     echo "error: $PYTHON is $("$PYTHON" --version 2>&1); deferq needs Python 3.11 or later" >&2

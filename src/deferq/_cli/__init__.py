@@ -2,7 +2,8 @@
 
 ``demo`` walks through a Disk backend, printing what happens and the files on
 disk; ``queue-demo`` runs a small service; ``dead``/``pending``/``verify``/
-``stats`` are the operator tools; ``crash-test`` and ``power-test`` run the crash
+``stats`` are the operator tools (``dead`` and ``stats`` also on PostgreSQL, with ``--dsn``);
+``db init``/``db upgrade`` create and upgrade the PostgreSQL tables; ``crash-test`` and ``power-test`` run the crash
 suites against the installed engine; ``conformance`` checks any reader against the corpus.
 """
 
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from deferq import __version__
-from deferq._cli import conformance, crash, demos, ops, power
+from deferq._cli import conformance, crash, db, demos, ops, power
 from deferq._cli.output import print_json, safe
 from deferq._cli.parser import Parser
 from deferq._cli.store import CommandError
@@ -44,10 +45,15 @@ def build_parser() -> Parser:
                         help="storage directory (default: $DEFERQ_PATH, else storage)")
     parser.add_argument("--prefix", default=argparse.SUPPRESS,
                         help="file name prefix (default: $DEFERQ_PREFIX, else deferred-)")
+    parser.add_argument("--dsn", default=argparse.SUPPRESS,
+                        help="act on PostgreSQL instead (default: $DEFERQ_DSN when no --path)")
+    parser.add_argument("--schema", default=argparse.SUPPRESS,
+                        help="PostgreSQL schema (default: $DEFERQ_SCHEMA, else deferq)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in (demos.register, ops.register, crash.register, power.register,
                      conformance.register):
         register(sub)
+    db.register(sub, ops.EXIT_STATUSES)
     return parser
 
 

@@ -8,6 +8,8 @@ Rules:
   records (``HandoffWal``, W-34), fsyncs it and releases it, and only then removes the dead
   records (Q-33); a running worker's adoption sweep runs them within its interval (Q-70),
   or the next worker to start does.
+- With ``--dsn`` (or ``DEFERQ_DSN``) every command acts on PostgreSQL instead
+  (spec/postgres.md P-7); ``retry`` then adds free tasks that running workers claim.
 - Bulk actions (``--all``) act only on what the filters select; ``--dry-run`` shows the
   selection and changes nothing. Every id asked for and not found is named, on standard
   error (and in the JSON document), and makes the exit status 3.
@@ -21,6 +23,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Final
 
+from deferq._cli.db import open_database
 from deferq._cli.output import (
     context_text,
     dead_json,
@@ -40,6 +43,7 @@ from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.osenv import OS_ENV
 from deferq._engine.walorphan import HandoffWal
 from deferq._runtime.operator import Operator, Retried
+from deferq.backends import Postgres
 
 EXIT_NOT_FOUND: Final = 3
 DEAD_HEADERS: Final = ("ID", "TASK CLASS", "ATTEMPTS", "FAILED AT", "EXCEPTION")
@@ -88,7 +92,10 @@ class DeadStoreView:
 
 
 def _view(args: argparse.Namespace, *, read_only: bool = False
-          ) -> tuple[str, str, DeadStoreView]:
+          ) -> tuple[str, str, DeadStoreView | Postgres]:
+    database = open_database(args)  # P-7: --dsn / DEFERQ_DSN, never created
+    if database is not None:
+        return "", "", database
     path, prefix = storage_of(args)
     require_store(path, prefix)
     return path, prefix, DeadStoreView(path, prefix, read_only=read_only)
@@ -211,13 +218,21 @@ def dead_retry(args: argparse.Namespace) -> int:
     if ids:
         progress = Progress("retry: steps", 2 * len(ids))
         try:
-            dead = DeadStoreView(path, prefix)
-            try:
-                with HandoffWal(OS_ENV, path, prefix) as handoff:
-                    retried, missing = Operator(dead, handoff).retry_dead(
+            database = open_database(args)
+            if database is not None:
+                # On PostgreSQL (P-7) the retried tasks are free rows that running workers
+                # claim at once (P-21).
+                with database:
+                    retried, missing = Operator(database, database).retry_dead(
                         ids, on_task=progress.step)
-            finally:
-                dead.close()
+            else:
+                dead = DeadStoreView(path, prefix)
+                try:
+                    with HandoffWal(OS_ENV, path, prefix) as handoff:
+                        retried, missing = Operator(dead, handoff).retry_dead(
+                            ids, on_task=progress.step)
+                finally:
+                    dead.close()
         finally:
             progress.close()
     for task_id in missing:
@@ -228,8 +243,10 @@ def dead_retry(args: argparse.Namespace) -> int:
     else:
         for item in retried:
             print(f"retried {safe(item.old_id)} as {item.new_id}")
-        print(f"retried {len(retried)} dead task(s); a running worker adopts them within its"
-              " sweep interval (2 s by default), or the next worker to start does")
+        runs = ("running workers claim them now" if path == "" else
+                "a running worker adopts them within its sweep interval (2 s by default),"
+                " or the next worker to start does")
+        print(f"retried {len(retried)} dead task(s); {runs}")
     return EXIT_NOT_FOUND if missing else 0
 
 

@@ -20,6 +20,7 @@ import argparse
 import os
 from typing import Final
 
+from deferq._cli.db import database_options, open_database, refuse_files_only
 from deferq._cli.dead import (
     DeadStoreView,
     dead_list,
@@ -78,7 +79,34 @@ def _storage(args: argparse.Namespace) -> tuple[str, str]:
     return path, prefix
 
 
+def _database_pending(args: argparse.Namespace) -> int | None:
+    """``deferq pending list`` on PostgreSQL (P-7), or None when it acts on a directory."""
+    database = open_database(args)
+    if database is None:
+        return None
+    with database:
+        rows = database.list_pending()
+    if args.json:
+        print_json([{"id": r.task.task_id, "publish_at": r.task.publish_at,
+                     "held_by": r.held_by, "lease_until": r.lease_until,
+                     "context": context_json(r.task.context)} for r in rows])
+        return 0
+    lines = []
+    for row in rows:
+        name, attempts = context_summary(row.task.context)
+        runs_at = "now" if row.task.publish_at is None else when(row.task.publish_at)
+        lines.append([safe(row.task.task_id), name, attempts, runs_at,
+                      "-" if row.held_by is None else safe(row.held_by)])
+    if lines:
+        print("\n".join(table(("ID", "TASK", "ATTEMPTS", "RUNS AT", "HELD BY"), lines)))
+    print(f"{len(rows)} pending task(s) in schema {database.schema!r}")
+    return 0
+
+
 def pending_list(args: argparse.Namespace) -> int:
+    on_database = _database_pending(args)
+    if on_database is not None:
+        return on_database
     path, prefix = _storage(args)
     scans = scan_pending(OS_ENV, path, prefix)
     if args.json:
@@ -100,7 +128,38 @@ def pending_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _database_stats(args: argparse.Namespace) -> int | None:
+    """``deferq stats`` on PostgreSQL (P-7), or None when the command acts on a directory."""
+    database = open_database(args)
+    if database is None:
+        return None
+    with database:
+        report: dict[str, object] = {"schema": database.schema, **database.stats()}
+    if args.json:
+        print_json(report)
+        return 0
+    print("\n".join(table(("STORE", ""), [
+        ["schema", safe(database.schema)], ["pending tasks", str(report["pending_tasks"])],
+        ["claimed tasks", str(report["claimed_tasks"])],
+        ["dead tasks", str(report["dead_tasks"])]])))
+    _print_counts(report)
+    return 0
+
+
+def _print_counts(counts: dict[str, object]) -> None:
+    for title, key in (("TASK CLASS", "by_task_class"), ("EXCEPTION CLASS", "by_exception_class")):
+        by = counts[key]
+        assert isinstance(by, dict)
+        if by:
+            print()
+            print("\n".join(table((title, "DEAD TASKS"),
+                                  [[safe(str(name)), str(n)] for name, n in by.items()])))
+
+
 def stats(args: argparse.Namespace) -> int:
+    on_database = _database_stats(args)
+    if on_database is not None:
+        return on_database
     path, prefix = _storage(args)
     scans = scan_pending(OS_ENV, path, prefix)
     view = DeadStoreView(path, prefix, read_only=True)  # S-32
@@ -122,18 +181,13 @@ def stats(args: argparse.Namespace) -> int:
         ["pending tasks", str(report["pending_tasks"])],
         ["damaged WAL lines", str(report["wal_damaged_lines"])],
         ["dead tasks", str(counts["dead_tasks"])]])))
-    for title, key in (("TASK CLASS", "by_task_class"), ("EXCEPTION CLASS", "by_exception_class")):
-        by = counts[key]
-        assert isinstance(by, dict)
-        if by:
-            print()
-            print("\n".join(table((title, "DEAD TASKS"),
-                                  [[safe(str(name)), str(n)] for name, n in by.items()])))
+    _print_counts(counts)
     return 0
 
 
 def verify(args: argparse.Namespace) -> int:
     """``deferq verify``: report records and damage per file (Q-17)."""
+    refuse_files_only(args, "verify")
     path, prefix = _storage(args)
     progress = Progress("verify: files scanned")
     try:
@@ -165,7 +219,7 @@ def storage_options() -> Parser:
     """``--path`` and ``--prefix``, for every operator subcommand (Q-24)."""
     # SUPPRESS: the options may also come before the subcommand (``deferq --path P dead
     # list``, added by _cli.build_parser); a default here would overwrite that value.
-    common = Parser(add_help=False)
+    common = Parser(add_help=False, parents=[database_options()])
     common.add_argument("--path", default=argparse.SUPPRESS,
                         help=f"storage directory (default: ${PATH_VARIABLE}, else {DEFAULT_PATH})")
     common.add_argument("--prefix", default=argparse.SUPPRESS,

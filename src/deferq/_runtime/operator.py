@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 
 from deferq._core.types import DeadTask
 from deferq._runtime.serialize import reset_attempts
-from deferq.backends.protocol import Backend, DeadTaskAdmin
+from deferq.backends.protocol import Backend, DeadTaskAdmin, DeadTaskFilters
 
 
 class TaskSink(Protocol):
@@ -73,6 +73,10 @@ class Operator:
         if not isinstance(self._dead, DeadTaskStream):
             if unfiltered:
                 return self._dead.list_dead_tasks(limit=limit, offset=offset)
+            if isinstance(self._dead, DeadTaskFilters):  # P-32: the store filters from an index
+                return self._dead.list_dead_tasks_where(limit=limit, offset=offset,
+                                                        task_class=task_class,
+                                                        exception_class=exception_class)
             selected = [t for t in self._dead.list_dead_tasks()
                         if (task_class is None or t.task_class == task_class)
                         and (exception_class is None or t.exception_class == exception_class)]

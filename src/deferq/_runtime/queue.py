@@ -40,6 +40,7 @@ from deferq._core.errors import QueueStateError, TaskNotRegisteredError
 from deferq._core.limits import DEFAULT_SWEEP_INTERVAL_S, SWEEP_FILES_MAX
 from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.backpressure import Backpressure
+from deferq._runtime.claimer import Claimer
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.executor import Executor
@@ -50,7 +51,7 @@ from deferq._runtime.sweeper import Sweeper, adopter_of
 from deferq._runtime.serialize import JSON_CODEC, Context, ContextCodec, ContextError
 from deferq._runtime.task import REGISTRY, Task, TaskRegistry, task_class_of
 from deferq.backends._options import check_sweep_interval
-from deferq.backends.protocol import Backend
+from deferq.backends.protocol import Backend, ClaimingBackend
 
 log = logging.getLogger("deferq.queue")
 
@@ -96,6 +97,9 @@ class Queue:
         self._sweeper = None if adopt is None else Sweeper(
             adopt, self._executor.replay, self.clock, interval_s=interval_s,
             files_max=SWEEP_FILES_MAX)
+        # on a shared backend (Postgres) the queue also runs the due tasks it claims.
+        self._claimer = (Claimer(backend, self._scheduler, self._executor, self.clock)
+                         if isinstance(backend, ClaimingBackend) else None)
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -135,6 +139,8 @@ class Queue:
                 delayed += pending.publish_at is not None and pending.publish_at > now
             else:
                 unloadable += 1
+        if self._claimer is not None:
+            self._claimer.start(loop)
         # Implements Q-32: what a start found.
         log.info("queue started: %d task(s) replayed (%d delayed), %d unloadable one(s) "
                  "dead-lettered", replayed, delayed, unloadable)
@@ -155,12 +161,16 @@ class Queue:
         self._state = _State.STOPPING
         if self._sweeper is not None:
             await self._sweeper.stop()  # before the scheduler stops
+        if self._claimer is not None:
+            await self._claimer.stop()
         finished = await self._scheduler.stop(wait_s)
         await self._journal.settle()
         try:
             self._journal.close()
         finally:
             self._state = _State.STOPPED
+            if self._claimer is not None:
+                await self._claimer.release()
         return finished
 
     # ------------------------------------------------------------------ enqueue

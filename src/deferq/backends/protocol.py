@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from deferq._core.types import DeadTask, PendingTask
 
-__all__ = ["Backend", "DeadTaskAdmin", "OrphanAdopter"]
+__all__ = ["Backend", "ClaimingBackend", "DeadTaskAdmin", "DeadTaskFilters", "OrphanAdopter"]
 
 
 class DeadTaskAdmin(Protocol):
@@ -28,6 +28,16 @@ class DeadTaskAdmin(Protocol):
 
     def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
         """Remove dead tasks by id (a ``str`` is one id); return how many distinct ids were found."""
+
+
+@runtime_checkable
+class DeadTaskFilters(Protocol):
+    """A dead-task store that filters by itself, from an index (``Postgres``, P-32): the
+    operator uses it, when present, instead of listing everything and filtering here."""
+
+    def list_dead_tasks_where(self, *, limit: int | None, offset: int, task_class: str | None,
+                              exception_class: str | None) -> list[DeadTask]:
+        """``list_dead_tasks`` of only the tasks of this task class and exception class."""
 
 
 class Backend(DeadTaskAdmin, Protocol):
@@ -93,3 +103,34 @@ class OrphanAdopter(Protocol):
         what ``add_task`` with ``sync=True`` stores; a task is never returned by two
         backends that run at once, unless a crash left it in two places (D-21).
         """
+
+
+@runtime_checkable
+class ClaimingBackend(Backend, Protocol):
+    """A backend whose pending tasks several workers share (``Postgres``, C-29..C-32).
+
+    A ``Queue`` on such a backend also runs the due tasks it claims (``_runtime/claimer.py``):
+    it calls ``start_claiming`` at start, then ``claim_due``, ``renew_claims`` and
+    ``wait_for_tasks`` in worker threads until it stops, and ``release_claims`` last.
+    """
+
+    lease_seconds: float
+    poll_seconds: float
+
+    def start_claiming(self) -> None:
+        """From now on every task this backend adds is held by it: no other worker runs it."""
+
+    def claim_due(self, limit: int) -> list[PendingTask]:
+        """Claim up to ``limit`` due tasks that no live worker holds; this backend holds them."""
+
+    def renew_claims(self) -> int:
+        """Extend the lease of every task this backend holds; the number it still holds."""
+
+    def release_claims(self) -> int:
+        """Stop claiming and give back every task held, so other workers take them at once."""
+
+    def wait_for_tasks(self, timeout: float) -> bool:
+        """Block until new work may be due, ``wake`` is called or ``timeout`` s passed."""
+
+    def wake(self) -> None:
+        """Make a ``wait_for_tasks`` in progress return at once (thread-safe)."""

@@ -1,0 +1,106 @@
+"""The claimer: a queue on a shared backend also runs the due tasks it claims from it
+(spec/queue.md Q-75..Q-77, spec/postgres.md P-20..P-27).
+
+Rules:
+- Only for a ``ClaimingBackend`` (``Postgres``); a queue on any other backend has none and
+  behaves exactly as before.
+- At start the backend is told to hold what it adds (``start_claiming``, C-29): a task this
+  queue enqueues is scheduled here and no other worker takes it while this one lives.
+- Two loops on the queue's event loop, each backend call in a worker thread (the loop never
+  waits on the database, Q-10): the claim loop claims up to ``CLAIM_BATCH`` due tasks minus
+  the backlog (bounded, Q-11), schedules each as a replayed task (Q-9: one that cannot be
+  loaded is dead-lettered), and when there was nothing to claim waits for a NOTIFY or
+  ``poll_seconds`` (P-27); the heartbeat renews every lease a third of ``lease_seconds``
+  apart, independently of the claims (P-25).
+- A failing backend call is logged and retried after ``poll_seconds``; it never stops the
+  loops or the queue (Q-76).
+- ``stop`` (before the scheduler stops) ends both loops; ``release`` (after the journal's
+  last write) gives back every task still held, so other workers take them at once (Q-77,
+  P-26).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Final
+
+from deferq._runtime.clock import Clock
+from deferq._runtime.executor import Executor
+from deferq._runtime.scheduler import Scheduler
+from deferq.backends.protocol import ClaimingBackend
+
+log = logging.getLogger("deferq.queue")
+
+CLAIM_BATCH: Final = 64
+
+
+class Claimer:
+    """Claims due tasks from a shared backend, renews their leases, and gives them back."""
+
+    def __init__(self, backend: ClaimingBackend, scheduler: Scheduler, executor: Executor,
+                 clock: Clock) -> None:
+        self._backend = backend
+        self._scheduler = scheduler
+        self._executor = executor
+        self._clock = clock
+        self._jobs: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Implements Q-75: hold what this queue adds, then claim and renew until ``stop``."""
+        self._backend.start_claiming()
+        self._jobs = [loop.create_task(self._claim_loop(), name="deferq-claims"),
+                      loop.create_task(self._heartbeat(), name="deferq-heartbeat")]
+
+    async def _claim_loop(self) -> None:
+        backend, scheduler = self._backend, self._scheduler
+        while not self._stopping:
+            room = CLAIM_BATCH - scheduler.backlog
+            claimed = 0
+            try:
+                if room > 0:
+                    tasks = await asyncio.to_thread(backend.claim_due, room)
+                    claimed = len(tasks)
+                    now = int(self._clock.time())
+                    for pending in tasks:
+                        await self._executor.replay(pending, now)
+                if claimed < room or room <= 0:
+                    # Nothing more is due now (or the backlog is full): wait for a NOTIFY,
+                    # or look again after poll_seconds at most.
+                    await asyncio.to_thread(backend.wait_for_tasks, backend.poll_seconds)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Q-76: log, wait, go on
+                log.error("claiming due tasks failed (%s: %s); trying again in %.1f s",
+                          type(exc).__name__, exc, backend.poll_seconds)
+                await asyncio.sleep(backend.poll_seconds)
+
+    async def _heartbeat(self) -> None:
+        backend = self._backend
+        every = backend.lease_seconds / 3
+        while not self._stopping:
+            await asyncio.sleep(every)
+            try:
+                await asyncio.to_thread(backend.renew_claims)
+            except Exception as exc:  # noqa: BLE001 - Q-76: log, go on
+                log.error("renewing the leases of held tasks failed (%s: %s); they expire "
+                          "%.0f s after the last renewal and other workers may take them",
+                          type(exc).__name__, exc, backend.lease_seconds)
+
+    async def stop(self) -> None:
+        """End both loops: nothing more is claimed (``Queue.stop``, before the scheduler)."""
+        self._stopping = True
+        self._backend.wake()
+        for job in self._jobs:
+            job.cancel()
+        await asyncio.gather(*self._jobs, return_exceptions=True)
+        self._jobs = []
+
+    async def release(self) -> None:
+        """Implements Q-77: give back every task still held (after the last write)."""
+        try:
+            await asyncio.to_thread(self._backend.release_claims)
+        except Exception as exc:  # noqa: BLE001 - the leases then expire on their own
+            log.error("giving back the held tasks failed (%s: %s); other workers take them "
+                      "when their leases expire", type(exc).__name__, exc)

@@ -1,0 +1,140 @@
+"""The PostgreSQL backend's pending-task statements: adds, removals and claims
+(spec/postgres.md P-10, P-16..P-18, P-20..P-27).
+
+Rules:
+- One statement each, in autocommit mode (its own transaction, READ COMMITTED): when it
+  returns, the commit is durable on the server (``synchronous_commit`` on, P-16).
+- A task a running queue adds is claimed by that queue's backend at once (``owner``), so no
+  other worker takes it while this one has it scheduled; a task added with ``owner`` None
+  (a producer that runs no queue) is free, and a NOTIFY in the same transaction wakes the
+  idle workers (P-21).
+- A claim takes due, free tasks (no owner, or an expired lease) with ``FOR UPDATE SKIP
+  LOCKED``: two concurrent claims never return the same task, and neither waits for the
+  other (P-22). Leases are timed by the server's clock; ``publish_at`` is compared with the
+  server's clock too (P-24).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from deferq._core.types import PendingTask
+
+if TYPE_CHECKING:
+    import psycopg
+
+_NOW_S = "floor(extract(epoch from now()))::bigint"
+
+
+def _pending_of(row: tuple[object, ...]) -> PendingTask:
+    tid, context, publish_at = row
+    assert isinstance(tid, str) and isinstance(context, bytes)
+    assert publish_at is None or isinstance(publish_at, int)
+    return PendingTask(tid, context, publish_at)
+
+
+def add(conn: psycopg.Connection[tuple[object, ...]], s: str, channel: str, context: bytes,
+        publish_at: int | None, task_id: str | None, owner: str | None,
+        lease_s: float) -> str:
+    """Implements P-17, P-21: insert a task (a new id from the server) or replace ``task_id``'s."""
+    lease = "NULL" if owner is None else "now() + make_interval(secs => %(lease)s)"
+    notify = "" if owner is not None else f", pg_notify('{channel}', '')"
+    new_id = f"{_NOW_S}::text || '-' || nextval('{s}.task_seq')"
+    row = conn.execute(
+        f"""WITH added AS (
+              INSERT INTO {s}.pending AS p (id, context, publish_at, lease_owner, lease_until)
+              VALUES ({new_id if task_id is None else '%(id)s'}, %(context)s, %(publish_at)s,
+                      %(owner)s, {lease})
+              ON CONFLICT (id) DO UPDATE SET context = EXCLUDED.context,
+                publish_at = EXCLUDED.publish_at, lease_owner = EXCLUDED.lease_owner,
+                lease_until = EXCLUDED.lease_until
+              RETURNING id)
+            SELECT id{notify} FROM added""",
+        {"id": task_id, "context": context, "publish_at": publish_at, "owner": owner,
+         "lease": lease_s}).fetchone()
+    assert row is not None and isinstance(row[0], str)
+    return row[0]
+
+
+def remove(conn: psycopg.Connection[tuple[object, ...]], s: str, task_id: str) -> bool:
+    """Implements P-18: delete the task, whoever holds it; whether it was there."""
+    return conn.execute(f"DELETE FROM {s}.pending WHERE id = %s", (task_id,)).rowcount > 0
+
+
+def held(conn: psycopg.Connection[tuple[object, ...]], s: str, owner: str) -> list[PendingTask]:
+    """The tasks ``owner`` holds, oldest first (P-25)."""
+    rows = conn.execute(f"SELECT id, context, publish_at FROM {s}.pending "
+                        f"WHERE lease_owner = %s ORDER BY seq", (owner,)).fetchall()
+    return [_pending_of(row) for row in rows]
+
+
+def claim(conn: psycopg.Connection[tuple[object, ...]], s: str, owner: str, limit: int,
+          lease_s: float) -> list[PendingTask]:
+    """Implements P-22..P-24: claim up to ``limit`` due, free tasks, in publish order."""
+    rows = conn.execute(
+        f"""WITH due AS (
+              SELECT id FROM {s}.pending
+              WHERE coalesce(publish_at, 0) <= {_NOW_S}
+                AND (lease_owner IS NULL OR lease_until < now())
+              ORDER BY coalesce(publish_at, 0), seq
+              LIMIT %(limit)s
+              FOR UPDATE SKIP LOCKED)
+            UPDATE {s}.pending AS p
+            SET lease_owner = %(owner)s, lease_until = now() + make_interval(secs => %(lease)s)
+            FROM due WHERE p.id = due.id
+            RETURNING p.id, p.context, p.publish_at, p.seq""",
+        {"limit": limit, "owner": owner, "lease": lease_s}).fetchall()
+    rows.sort(key=lambda row: (row[2] or 0, row[3]))
+    return [_pending_of(row[:3]) for row in rows]
+
+
+def renew(conn: psycopg.Connection[tuple[object, ...]], s: str, owner: str, ids: list[str],
+          lease_s: float) -> set[str]:
+    """Implements P-25: extend the leases of ``ids`` that ``owner`` still holds; those ids."""
+    rows = conn.execute(
+        f"UPDATE {s}.pending SET lease_until = now() + make_interval(secs => %s) "
+        f"WHERE lease_owner = %s AND id = ANY(%s) RETURNING id", (lease_s, owner, ids)).fetchall()
+    return {str(row[0]) for row in rows}
+
+
+def release(conn: psycopg.Connection[tuple[object, ...]], s: str, channel: str,
+            owner: str) -> int:
+    """Implements P-26: give back every task ``owner`` holds, and wake the idle workers."""
+    row = conn.execute(
+        f"""WITH freed AS (
+              UPDATE {s}.pending SET lease_owner = NULL, lease_until = NULL
+              WHERE lease_owner = %s RETURNING 1)
+            SELECT (SELECT count(*) FROM freed), pg_notify('{channel}', '')""", (owner,)).fetchone()
+    assert row is not None and isinstance(row[0], int)
+    return row[0]
+
+
+class PendingRow(NamedTuple):
+    """A pending task as ``deferq pending list`` shows it: who holds it, and until when."""
+
+    task: PendingTask
+    held_by: str | None
+    lease_until: int | None  # epoch second; in the past: expired, any worker may claim it
+
+
+def listing(conn: psycopg.Connection[tuple[object, ...]], s: str) -> list[PendingRow]:
+    """Every pending task, in due order (P-7's ``pending list``)."""
+    rows = conn.execute(
+        f"SELECT id, context, publish_at, lease_owner, "
+        f"floor(extract(epoch from lease_until))::bigint FROM {s}.pending "
+        f"ORDER BY coalesce(publish_at, 0), seq").fetchall()
+    out = []
+    for row in rows:
+        owner, until = row[3], row[4]
+        assert owner is None or isinstance(owner, str)
+        assert until is None or isinstance(until, int)
+        out.append(PendingRow(_pending_of(row[:3]), owner, until))
+    return out
+
+
+def count_pending(conn: psycopg.Connection[tuple[object, ...]], s: str) -> tuple[int, int]:
+    """(pending tasks, of which claimed by a live lease) for ``deferq stats``."""
+    row = conn.execute(f"SELECT count(*), count(*) FILTER (WHERE lease_until >= now()) "
+                       f"FROM {s}.pending").fetchone()
+    assert row is not None and isinstance(row[0], int) and isinstance(row[1], int)
+    return row[0], row[1]

@@ -1,0 +1,99 @@
+"""The PostgreSQL backend's dead-task statements (spec/postgres.md P-11, P-13, P-30..P-33).
+
+Rules:
+- Each function is one statement or one transaction on a connection in autocommit mode;
+  the caller holds the connection's lock and turns psycopg errors into ``PostgresError``.
+- The give-up handoff is one transaction: the dead task is inserted (or replaces the one of
+  the same id) and the pending task is deleted, both or neither (P-30).
+- Listing is newest first by ``seq`` (an index scan), filtered by exact task class,
+  exception class and a ``failed_at`` range on their own indexes (P-32).
+- PostgreSQL text cannot hold NUL: a NUL in a dead task's text is stored as the four
+  characters ``\\x00`` (P-13), the way the file store escapes lone surrogates (F-12).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from deferq._core.types import DeadTask, dead_task_of
+
+if TYPE_CHECKING:
+    import psycopg
+
+_COLUMNS = ("id, task_class, attempts, enqueued_at, failed_at, exception_class, "
+            "exception_message, backtrace, context")
+
+
+def _text(value: str) -> str:
+    return value.replace("\x00", "\\x00") if "\x00" in value else value
+
+
+def add_dead(conn: psycopg.Connection[tuple[object, ...]], s: str, task: DeadTask) -> None:
+    """Implements P-30: insert the dead task and delete the pending one in one transaction."""
+    with conn.transaction():
+        conn.execute(
+            f"""INSERT INTO {s}.dead ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+                ON CONFLICT (id) DO UPDATE SET seq = nextval('{s}.dead_seq'),
+                  task_class = EXCLUDED.task_class, attempts = EXCLUDED.attempts,
+                  enqueued_at = EXCLUDED.enqueued_at, failed_at = EXCLUDED.failed_at,
+                  exception_class = EXCLUDED.exception_class,
+                  exception_message = EXCLUDED.exception_message,
+                  backtrace = EXCLUDED.backtrace, context = EXCLUDED.context""",
+            (task.id, _text(task.task_class), task.attempts, task.enqueued_at, task.failed_at,
+             _text(task.exception_class), _text(task.exception_message),
+             [_text(frame) for frame in task.backtrace], task.context))
+        conn.execute(f"DELETE FROM {s}.pending WHERE id = %s", (task.id,))
+
+
+def _dead_of(row: Sequence[object]) -> DeadTask:
+    tid, task_class, attempts, enqueued_at, failed_at, exc_class, message, trace, context = row
+    assert isinstance(tid, str) and isinstance(task_class, str) and isinstance(attempts, int)
+    assert isinstance(enqueued_at, int) and isinstance(failed_at, int)
+    assert isinstance(exc_class, str) and isinstance(message, str)
+    assert isinstance(trace, list) and isinstance(context, bytes)
+    return dead_task_of(tid, task_class, attempts, enqueued_at, failed_at, exc_class, message,
+                        tuple(str(frame) for frame in trace), context)
+
+
+def list_dead(conn: psycopg.Connection[tuple[object, ...]], s: str, *, limit: int | None,
+              offset: int, task_class: str | None = None, exception_class: str | None = None,
+              failed_from: int | None = None, failed_until: int | None = None
+              ) -> list[DeadTask]:
+    """Implements P-31, P-32: newest first, filtered, then ``offset`` and ``limit``."""
+    where: list[str] = []
+    params: list[object] = []
+    for column, value, op in (("task_class", task_class, "="),
+                              ("exception_class", exception_class, "="),
+                              ("failed_at", failed_from, ">="), ("failed_at", failed_until, "<")):
+        if value is not None:
+            where.append(f"{column} {op} %s")
+            params.append(_text(value) if isinstance(value, str) else value)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    params.extend([limit, offset])
+    rows = conn.execute(f"SELECT {_COLUMNS} FROM {s}.dead {clause} ORDER BY seq DESC "
+                        f"LIMIT %s OFFSET %s", params).fetchall()
+    return [_dead_of(row) for row in rows]
+
+
+def find_dead(conn: psycopg.Connection[tuple[object, ...]], s: str,
+              task_id: str) -> DeadTask | None:
+    row = conn.execute(f"SELECT {_COLUMNS} FROM {s}.dead WHERE id = %s", (task_id,)).fetchone()
+    return None if row is None else _dead_of(row)
+
+
+def remove_dead(conn: psycopg.Connection[tuple[object, ...]], s: str, ids: set[str]) -> int:
+    """Implements P-33: one statement; the number of distinct ids that were there."""
+    if not ids:
+        return 0
+    cur = conn.execute(f"DELETE FROM {s}.dead WHERE id = ANY(%s)", (sorted(ids),))
+    return cur.rowcount
+
+
+def counts_by(conn: psycopg.Connection[tuple[object, ...]], s: str,
+              column: str) -> dict[str, int]:
+    """Dead tasks per value of ``column`` (``task_class`` or ``exception_class``), most first."""
+    assert column in ("task_class", "exception_class")
+    rows = conn.execute(f"SELECT {column}, count(*) FROM {s}.dead GROUP BY {column} "
+                        f"ORDER BY count(*) DESC, {column}").fetchall()
+    return {str(name): int(str(n)) for name, n in rows}
