@@ -5,8 +5,9 @@ Rules (spec/queue.md):
   (the queue not started, or stopping) stays in the WAL and the next start replays it.
 - An immediate task counts in the backlog from ``schedule`` until its execution begins;
   backpressure (Q-11) waits on that count, in ``make_room``.
-- A delayed task waits for its time in a timer (an asyncio task sleeping on the
-  ``Clock``); then it runs, without counting in the backlog.
+- A delayed task waits for its time in the timer heap (``timers.py``: one heap and one
+  sleeper on the ``Clock`` for all of them, Q-36); then it runs, without counting in the
+  backlog.
 - ``stop`` (Q-15) cancels the timers, waits up to a timeout for the work that was
   scheduled or running, then drops or cancels the rest: it all stays in the WAL.
 - A cancelled execution that swallows its cancellation is waited for at most
@@ -38,6 +39,7 @@ from deferq._runtime.clock import Clock
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.serialize import Context
 from deferq._runtime.task import Task
+from deferq._runtime.timers import TimerHeap
 
 log = logging.getLogger("deferq.queue")
 
@@ -68,7 +70,8 @@ class Scheduler:
         self._soon_handle: asyncio.Handle | None = None
         self._async_perform: dict[type[Task], bool] = {}
         self._idle_waiters: list[asyncio.Future[None]] = []
-        self._timers: set[asyncio.Task[None]] = set()  # delayed tasks waiting for their time
+        # Delayed tasks waiting for their time (Q-36).
+        self.timers = TimerHeap(clock, self._timer_fired)
         self._run_plain: RunPlain | None = None
         self._run: RunAsync | None = None
         # Task ids of executions ``stop`` gave up on (Q-35): their outcome is never written.
@@ -86,7 +89,7 @@ class Scheduler:
     @property
     def delayed(self) -> int:
         """Tasks waiting for their publish time in this process."""
-        return len(self._timers)
+        return len(self.timers)
 
     # ------------------------------------------------------------------ scheduling
     def schedule_from_any_thread(self, task_id: str, context: Context, cls: type[Task],
@@ -108,9 +111,7 @@ class Scheduler:
         if not self.running or self.loop is None:
             return  # stays in the WAL for the next start
         if publish_in is not None and publish_in > 0:
-            timer = self.loop.create_task(self._wait_then_run(task_id, context, cls, publish_in))
-            self._timers.add(timer)
-            timer.add_done_callback(self._timers.discard)
+            self.timers.add(self.loop, task_id, context, cls, publish_in)
         else:
             self.backlog += 1
             self._spawn(task_id, context, cls, counted=True)
@@ -134,9 +135,8 @@ class Scheduler:
             if self._soon_handle is None:
                 self._soon_handle = loop.call_soon(self._run_soon)
 
-    async def _wait_then_run(self, task_id: str, context: Context, cls: type[Task],
-                             publish_in: float) -> None:
-        await self.clock.sleep(int(publish_in))
+    def _timer_fired(self, task_id: str, context: Context, cls: type[Task]) -> None:
+        """A delayed task's time came (the timer heap's sleeper calls it)."""
         if self.running:
             self._spawn(task_id, context, cls, counted=False)
 
@@ -207,11 +207,10 @@ class Scheduler:
         True when every execution finished in time.
         """
         self.running = False
-        for timer in self._timers:
-            timer.cancel()
+        self.timers.clear()  # Implements Q-36: one cancellation, however many timers
         finished = await self._wait_work(timeout_s)
         self._soon.clear()  # plain executions that never began: they stay in the WAL
-        leftovers = set(self.work) | set(self._timers)
+        leftovers = set(self.work)
         for job in leftovers:
             job.cancel()
         if leftovers:
