@@ -96,3 +96,9 @@ assert LOCK_ATTEMPTS_MAX >= 2
 # Rounds of queued adds one group-commit leader serves before it hands the locks on.
 GROUP_COMMIT_ROUNDS_MAX: Final = 8
 assert GROUP_COMMIT_ROUNDS_MAX >= 1
+
+# --- Execution control of the queue (spec/queue.md).
+# Executions that run at once by default, and the most a queue accepts.
+DEFAULT_MAX_CONCURRENCY: Final = 100
+MAX_CONCURRENCY_MAX: Final = 1_000_000
+assert 1 <= DEFAULT_MAX_CONCURRENCY <= MAX_CONCURRENCY_MAX

@@ -112,6 +112,7 @@ class Executor:
     async def _finish(self, task_id: str, context: Context, cls: type[Task],
                       instance: Task | None, result: object, error: Exception | None) -> None:
         """The rest of an execution in its asyncio task: await the result, then one transition."""
+        released = False  # whether a retry gave the slot back early (Q-37)
         try:
             try:
                 if error is None and result is not None and inspect.isawaitable(result):
@@ -127,7 +128,7 @@ class Executor:
                     log.warning("deferred task %s ended after stop gave up on it; its outcome "
                                 "is not recorded and it stays in the WAL", task_id)
                 elif error is not None:
-                    await self._failed(task_id, context, cls, instance, error)
+                    released = await self._failed(task_id, context, cls, instance, error)
                 else:
                     self._remove(task_id)
             except Exception:  # noqa: BLE001 - storage errors must not kill the loop's task
@@ -135,7 +136,7 @@ class Executor:
             finally:
                 self.inflight -= 1
         finally:
-            self._job_done()
+            self._job_done(holds_slot=not released)
 
     def _perform(self, task_id: str, context: Context, cls: type[Task]
                  ) -> tuple[Task | None, object, Exception | None]:
@@ -153,8 +154,13 @@ class Executor:
             return instance, None, exc
 
     async def _failed(self, task_id: str, context: Context, cls: type[Task],
-                      instance: Task | None, exc: Exception) -> None:
-        """A failed execution: a retry under the same id (W-15), or a give-up (D-13, Q-8)."""
+                      instance: Task | None, exc: Exception) -> bool:
+        """A failed execution: a retry under the same id (W-15), or a give-up (D-13, Q-8).
+
+        True when it gave its slot back early (Q-37): a retry that waits for backpressure
+        must not hold a slot, or executions holding every slot could wait for a backlog
+        that only they would drain.
+        """
         attempts = context.attempts + 1
         retried = context.with_attempts(attempts)
         data = self._codec.encode(retried)
@@ -173,13 +179,18 @@ class Executor:
                       task_id, cls.task_name, attempts, cls.max_retries + 1,
                       type(exc).__name__, exc, exc_info=exc)
             await self._journal.give_up(task_id, data, exc, cls.task_name, attempts)
-            return
+            return False
+        scheduler = self._scheduler
+        bp = scheduler.backpressure
+        released = bp is not None and scheduler.backlog > bp.high_water_mark
+        if released:
+            scheduler.release_slot()
         try:
-            await self._scheduler.make_room()
+            await scheduler.make_room()
         except PushTimeout as push:
             log.error("deferred task %s: retry not scheduled (%s); it stays in the WAL", task_id,
                       push)
-            return
+            return released
         seconds = int(retry_in)
         log.warning("deferred task %s (%s) attempt %d of %d failed: %s: %s; retrying in %d s",
                     task_id, cls.task_name, attempts, cls.max_retries + 1, type(exc).__name__,
@@ -187,6 +198,7 @@ class Executor:
         publish_at = int(self._clock.time()) + seconds if seconds > 0 else None
         self._journal.readd(data, publish_at, task_id)  # same id, this WAL only (W-15)
         self._scheduler.schedule(task_id, retried, cls, seconds if seconds > 0 else None)
+        return released
 
     # ------------------------------------------------------------------ replay
     async def replay(self, pending: PendingTask, now: int) -> bool:

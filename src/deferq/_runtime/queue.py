@@ -36,6 +36,7 @@ import random
 from collections.abc import Iterable
 
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
+from deferq._core.limits import DEFAULT_MAX_CONCURRENCY, MAX_CONCURRENCY_MAX
 from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.backpressure import Backpressure
 from deferq._runtime.clock import Clock, SystemClock
@@ -58,6 +59,12 @@ class _State(enum.Enum):
     STOPPED = "stopped"
 
 
+def _count(value: object, name: str, most: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise ValueError(f"{name} must be an int from 1 to {most:,}, got {value!r}")
+    return value
+
+
 def _seconds(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
@@ -72,8 +79,11 @@ class Queue:
 
     def __init__(self, backend: Backend, *, registry: TaskRegistry | None = None,
                  backpressure: Backpressure | None = None, clock: Clock | None = None,
-                 rng: random.Random | None = None, codec: ContextCodec | None = None) -> None:
+                 rng: random.Random | None = None, codec: ContextCodec | None = None,
+                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> None:
         self.backend = backend
+        # Q-37: executions that run at once; the others wait in memory for a slot.
+        self.max_concurrency = _count(max_concurrency, "max_concurrency", MAX_CONCURRENCY_MAX)
         # Q-18/Q-34: JSON unless the application opts into authenticated pickles.
         self.codec = JSON_CODEC if codec is None else codec
         self.registry = REGISTRY if registry is None else registry
@@ -83,7 +93,8 @@ class Queue:
         self.operator = Operator(backend, backend)
         self._state = _State.NEW
         self._journal = Journal(backend)
-        self._scheduler = Scheduler(self.clock, backpressure)
+        self._scheduler = Scheduler(self.clock, backpressure,
+                                    max_concurrency=self.max_concurrency)
         self._executor = Executor(self._scheduler, self._journal, registry=self.registry,
                                   codec=self.codec, clock=self.clock, rng=self.rng)
 
@@ -97,6 +108,11 @@ class Queue:
     def running(self) -> int:
         """Executions in progress."""
         return self._executor.inflight
+
+    @property
+    def waiting(self) -> int:
+        """Executions due now that wait for a slot (``max_concurrency``, Q-37)."""
+        return self._scheduler.waiting
 
     @property
     def delayed(self) -> int:

@@ -8,6 +8,9 @@ Rules (spec/queue.md):
 - A delayed task waits for its time in the timer heap (``timers.py``: one heap and one
   sleeper on the ``Clock`` for all of them, Q-36); then it runs, without counting in the
   backlog.
+- At most ``max_concurrency`` executions run at once (Q-37): one that would exceed it waits
+  in ``_waiting`` (in memory: the task is in the WAL already) and begins, in arrival order,
+  when a running one ends. An immediate task waiting for a slot still counts in the backlog.
 - ``stop`` (Q-15) cancels the timers, waits up to a timeout for the work that was
   scheduled or running, then drops or cancels the rest: it all stays in the WAL.
 - A cancelled execution that swallows its cancellation is waited for at most
@@ -59,8 +62,13 @@ RunAsync = Callable[[str, Context, "type[Task]", bool], Coroutine[object, object
 class Scheduler:
     """Timers of delayed tasks, the run-soon batch, the backlog and the work still pending."""
 
-    def __init__(self, clock: Clock, backpressure: Backpressure | None) -> None:
+    def __init__(self, clock: Clock, backpressure: Backpressure | None, *,
+                 max_concurrency: int) -> None:
         self.clock = clock
+        self.max_concurrency = max_concurrency
+        self.active = 0  # executions holding a slot: begun (or about to) and not ended (Q-37)
+        # Executions waiting for a slot, in arrival order (Q-37).
+        self._waiting: collections.deque[_Soon] = collections.deque()
         self.backpressure = backpressure
         self.loop: asyncio.AbstractEventLoop | None = None
         self.running = False  # executions may be scheduled and begin (the queue is RUNNING)
@@ -85,6 +93,11 @@ class Scheduler:
         """The queue started on ``loop``: executions are scheduled on it from now on."""
         self.loop = loop
         self.running = True
+
+    @property
+    def waiting(self) -> int:
+        """Executions waiting for a slot (Q-37)."""
+        return len(self._waiting)
 
     @property
     def delayed(self) -> int:
@@ -117,6 +130,19 @@ class Scheduler:
             self._spawn(task_id, context, cls, counted=True)
 
     def _spawn(self, task_id: str, context: Context, cls: type[Task], *, counted: bool) -> None:
+        if self.active >= self.max_concurrency:
+            # Implements Q-37: no slot; it begins when a running execution ends.
+            self._waiting.append((contextvars.copy_context(), task_id, context, cls, counted))
+            return
+        self.active += 1
+        self._begin_soon(None, task_id, context, cls, counted)
+
+    def _begin_soon(self, ctx: contextvars.Context | None, task_id: str, context: Context,
+                    cls: type[Task], counted: bool) -> None:
+        """An execution that holds a slot: an asyncio task, or a place in the run-soon batch.
+
+        ``ctx`` is the context it was scheduled in when it waited for its slot.
+        """
         loop = self.loop
         assert loop is not None and self._run is not None
         is_async = self._async_perform.get(cls)
@@ -129,9 +155,10 @@ class Scheduler:
             # cancelled before they ever ran.
             # Named by its task id, so that ``stop`` can say which one ignored cancellation.
             self.work.add(loop.create_task(self._run(task_id, context, cls, counted),
-                                           name=task_id))
+                                           name=task_id, context=ctx))
         else:
-            self._soon.append((contextvars.copy_context(), task_id, context, cls, counted))
+            self._soon.append((contextvars.copy_context() if ctx is None else ctx, task_id,
+                               context, cls, counted))
             if self._soon_handle is None:
                 self._soon_handle = loop.call_soon(self._run_soon)
 
@@ -176,7 +203,7 @@ class Scheduler:
     # ------------------------------------------------------------------ pending work
     async def wait_idle(self) -> None:
         """Return when no immediate or running work is left (delayed tasks may remain)."""
-        while self.work or self._soon:
+        while self.work or self._soon or self._waiting:
             await self._idle_waiter()
 
     def _idle_waiter(self) -> asyncio.Future[None]:
@@ -185,20 +212,31 @@ class Scheduler:
         self._idle_waiters.append(waiter)
         return waiter
 
-    def maybe_idle(self) -> None:
-        """An execution ended: wake the idle waiters if it was the last piece of work."""
-        if self._idle_waiters and not self.work and not self._soon:
+    def maybe_idle(self, *, holds_slot: bool = True) -> None:
+        """An execution ended: its slot goes to the next waiting one (Q-37); wake the idle
+        waiters if it was the last piece of work."""
+        if holds_slot:
+            self.release_slot()
+        if self._idle_waiters and not self.work and not self._soon and not self._waiting:
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    def job_done(self) -> None:
+    def job_done(self, *, holds_slot: bool = True) -> None:
         """The current asyncio task's execution ended: it leaves ``work``."""
         job = asyncio.current_task()
         if job is not None:
             self.work.discard(job)
-        self.maybe_idle()
+        self.maybe_idle(holds_slot=holds_slot)
+
+    def release_slot(self) -> None:
+        """Implements Q-37: an execution gives its slot back; the first waiting one begins."""
+        self.active -= 1
+        waiting = self._waiting
+        while waiting and self.running and self.active < self.max_concurrency:
+            self.active += 1
+            self._begin_soon(*waiting.popleft())
 
     async def stop(self, timeout_s: float) -> bool:
         """Implements Q-15 for the work: refuse new executions, cancel the timers, wait up to
@@ -208,11 +246,15 @@ class Scheduler:
         """
         self.running = False
         self.timers.clear()  # Implements Q-36: one cancellation, however many timers
+        # Executions waiting for a slot never begin (Q-37): they stay in the WAL.
+        self.backlog -= sum(1 for *_, counted in self._waiting if counted)
+        self._waiting.clear()
         finished = await self._wait_work(timeout_s)
         self._soon.clear()  # plain executions that never began: they stay in the WAL
         leftovers = set(self.work)
         for job in leftovers:
             job.cancel()
+        stuck: set[asyncio.Task[None]] = set()
         if leftovers:
             stuck = await self._wait_cancelled(leftovers)
             self.work.difference_update(leftovers)  # cancelled before their first step
@@ -224,6 +266,9 @@ class Scheduler:
                 log.warning("stop: %d task(s) still running %.1f s after being cancelled "
                             "(they swallowed the cancellation); left running, they stay in "
                             "the WAL: %s", len(ids), STOP_GRACE_S, ", ".join(ids))
+        # Jobs cancelled before their first step never gave their slot back; the stuck
+        # ones give theirs back when they end.
+        self.active = len(stuck)
         return finished
 
     async def _wait_cancelled(self, jobs: set[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
@@ -248,15 +293,15 @@ class Scheduler:
         return {job for job in jobs if not job.done()}
 
     async def _wait_work(self, timeout_s: float) -> bool:
-        if not self.work and not self._soon:
+        if not self.work and not self._soon and not self._waiting:
             return True
         deadline = asyncio.ensure_future(self.clock.sleep(timeout_s))
         try:
-            while self.work or self._soon:
+            while self.work or self._soon or self._waiting:
                 idle = self._idle_waiter()
                 await asyncio.wait({idle, deadline}, return_when=asyncio.FIRST_COMPLETED)
                 if deadline.done():
-                    return not self.work and not self._soon
+                    return not self.work and not self._soon and not self._waiting
             return True
         finally:
             deadline.cancel()
