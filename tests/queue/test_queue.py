@@ -629,7 +629,7 @@ def test_enqueue_before_start_only_persists_and_start_runs_it() -> None:
 # (docs/queue.md: a plain perform is a loop callback, an async one its own asyncio task)
 
 
-class WhereAmI(deferq.Task, name="q.WhereAmI", registry=REG):
+class WhereAmI(deferq.Task, name="q.WhereAmI", registry=REG, inline=True):
     def perform(self) -> None:
         LOG.append(("plain", asyncio.current_task()))
 
@@ -658,7 +658,7 @@ class ReturnsAwaitable(deferq.Task, name="q.ReturnsAwaitable", registry=REG):
 
 
 @pytest.mark.spec("Q-7")
-def test_plain_perform_runs_as_a_loop_callback_and_async_perform_in_its_own_task() -> None:
+def test_inline_plain_perform_runs_as_a_loop_callback_and_async_perform_in_its_own_task() -> None:
     async def main() -> None:
         backend = RecordingBackend()
         queue = await started(backend, DrivenClock(), registry=REG)

@@ -22,7 +22,7 @@ REG = deferq.TaskRegistry()
 RAN: list[tuple[int, float]] = []
 
 
-class Note(deferq.Task, name="timers.Note", registry=REG):
+class Note(deferq.Task, name="timers.Note", registry=REG, inline=True):
     clock: ManualClock
 
     def perform(self, number: int) -> None:

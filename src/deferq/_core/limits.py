@@ -102,3 +102,7 @@ assert GROUP_COMMIT_ROUNDS_MAX >= 1
 DEFAULT_MAX_CONCURRENCY: Final = 100
 MAX_CONCURRENCY_MAX: Final = 1_000_000
 assert 1 <= DEFAULT_MAX_CONCURRENCY <= MAX_CONCURRENCY_MAX
+# Threads of the pool a plain perform runs in by default, and the most a queue accepts.
+DEFAULT_SYNC_THREADS: Final = 8
+SYNC_THREADS_MAX: Final = 1024
+assert 1 <= DEFAULT_SYNC_THREADS <= SYNC_THREADS_MAX

@@ -22,10 +22,11 @@ scheduler when an execution ended, so ``wait_idle`` and ``stop`` see it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from deferq._core.types import PendingTask
@@ -34,6 +35,7 @@ from deferq._runtime.errors import PushTimeout, UnloadableTaskError
 from deferq._runtime.journal import Journal
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import Context, ContextCodec, ContextError
+from deferq._runtime.syncpool import SyncPool
 from deferq._runtime.task import Task, TaskRegistry, default_backoff, next_retry_in
 from deferq.backends._deadtask import task_class_name
 
@@ -46,7 +48,7 @@ class Executor:
     """Runs executions the scheduler began, and writes each one's outcome to the journal."""
 
     def __init__(self, scheduler: Scheduler, journal: Journal, *, registry: TaskRegistry,
-                 codec: ContextCodec, clock: Clock, rng: random.Random) -> None:
+                 codec: ContextCodec, clock: Clock, rng: random.Random, pool: SyncPool) -> None:
         self._scheduler = scheduler
         self._journal = journal
         self._registry = registry
@@ -54,6 +56,8 @@ class Executor:
         self._clock = clock
         self._rng = rng
         self.inflight = 0  # executions running
+        self._pool = pool
+        self._pooled: dict[type[Task], bool] = {}  # whose perform runs in the pool (Q-38)
         # Bound once: called per execution.
         self._maybe_idle = scheduler.maybe_idle
         self._job_done = scheduler.job_done
@@ -149,6 +153,17 @@ class Executor:
             perform: object = getattr(instance, "perform")
             if not callable(perform):
                 raise TypeError(f"{cls.task_name}.perform is not callable")
+            pooled = self._pooled.get(cls)
+            if pooled is None:
+                pooled = self._pooled[cls] = not cls.inline and not (
+                    inspect.iscoroutinefunction(perform))
+            if pooled:
+                # Implements Q-38: a plain perform runs in the pool, never on the loop.
+                loop = self._scheduler.loop
+                assert loop is not None
+                return instance, _pooled_call(
+                    self._pool.submit(loop, functools.partial(
+                        perform, *context.args, **context.kwargs))), None
             return instance, perform(*context.args, **context.kwargs), None
         except Exception as exc:  # noqa: BLE001 - any failure of the task is a failed execution
             return instance, None, exc
@@ -231,3 +246,12 @@ class Executor:
         # Implements Q-31: whatever the record holds, the name fits a dead-task record.
         await self._journal.give_up(pending.task_id, pending.context, error,
                                     task_class_name(name), attempts)
+
+
+async def _pooled_call(future: Awaitable[object]) -> None:
+    """A pooled perform's outcome; an awaitable it returned is awaited on the loop, as an
+    inline perform's is."""
+    value = await future
+    if value is not None and inspect.isawaitable(value):
+        await value
+

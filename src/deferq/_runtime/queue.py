@@ -36,7 +36,12 @@ import random
 from collections.abc import Iterable
 
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
-from deferq._core.limits import DEFAULT_MAX_CONCURRENCY, MAX_CONCURRENCY_MAX
+from deferq._core.limits import (
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_SYNC_THREADS,
+    MAX_CONCURRENCY_MAX,
+    SYNC_THREADS_MAX,
+)
 from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.backpressure import Backpressure
 from deferq._runtime.clock import Clock, SystemClock
@@ -46,6 +51,7 @@ from deferq._runtime.journal import Journal
 from deferq._runtime.operator import Operator, Retried
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import JSON_CODEC, Context, ContextCodec, ContextError
+from deferq._runtime.syncpool import SyncPool
 from deferq._runtime.task import REGISTRY, Task, TaskRegistry, task_class_of
 from deferq.backends.protocol import Backend
 
@@ -80,10 +86,13 @@ class Queue:
     def __init__(self, backend: Backend, *, registry: TaskRegistry | None = None,
                  backpressure: Backpressure | None = None, clock: Clock | None = None,
                  rng: random.Random | None = None, codec: ContextCodec | None = None,
-                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> None:
+                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+                 sync_threads: int = DEFAULT_SYNC_THREADS) -> None:
         self.backend = backend
         # executions that run at once; the others wait in memory for a slot.
         self.max_concurrency = _count(max_concurrency, "max_concurrency", MAX_CONCURRENCY_MAX)
+        # the threads plain performs run in (unless their task is inline).
+        self._pool = SyncPool(_count(sync_threads, "sync_threads", SYNC_THREADS_MAX))
         # JSON unless the application opts into authenticated pickles.
         self.codec = JSON_CODEC if codec is None else codec
         self.registry = REGISTRY if registry is None else registry
@@ -96,7 +105,8 @@ class Queue:
         self._scheduler = Scheduler(self.clock, backpressure,
                                     max_concurrency=self.max_concurrency)
         self._executor = Executor(self._scheduler, self._journal, registry=self.registry,
-                                  codec=self.codec, clock=self.clock, rng=self.rng)
+                                  codec=self.codec, clock=self.clock, rng=self.rng,
+                                  pool=self._pool)
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -158,6 +168,7 @@ class Queue:
             return True
         self._state = _State.STOPPING
         finished = await self._scheduler.stop(wait_s)
+        self._pool.shutdown()  # Implements Q-38: no thread is waited for
         await self._journal.settle()
         try:
             self._journal.close()

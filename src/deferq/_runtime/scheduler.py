@@ -76,7 +76,7 @@ class Scheduler:
         self.work: set[asyncio.Task[None]] = set()  # executions that are asyncio tasks
         self._soon: collections.deque[_Soon] = collections.deque()
         self._soon_handle: asyncio.Handle | None = None
-        self._async_perform: dict[type[Task], bool] = {}
+        self._as_task: dict[type[Task], bool] = {}
         self._idle_waiters: list[asyncio.Future[None]] = []
         # Delayed tasks waiting for their time (Q-36).
         self.timers = TimerHeap(clock, self._timer_fired)
@@ -145,11 +145,13 @@ class Scheduler:
         """
         loop = self.loop
         assert loop is not None and self._run is not None
-        is_async = self._async_perform.get(cls)
-        if is_async is None:
-            is_async = self._async_perform[cls] = inspect.iscoroutinefunction(
+        as_task = self._as_task.get(cls)
+        if as_task is None:
+            # An async perform, and a plain one that runs in the thread pool (Q-38), are
+            # asyncio tasks; an inline plain perform runs in the run-soon batch.
+            as_task = self._as_task[cls] = not cls.inline or inspect.iscoroutinefunction(
                 getattr(cls, "perform", None))
-        if is_async:
+        if as_task:
             # The job leaves ``work`` from its own ``finally`` (``job_done``: a done callback
             # would cost a second event-loop turn per execution); ``stop`` drops the ones it
             # cancelled before they ever ran.

@@ -16,6 +16,8 @@ Rules:
   "at once"); any other value logs a warning and the default backoff
   ``attempt**4 + 10 + randint(0, 14) * attempt`` is used (Q-3, Q-4). The
   random source is the instance's ``rng``, which the queue injects.
+- ``inline`` (a bool, default False) runs a plain ``perform`` on the event loop instead of
+  the queue's thread pool (Q-38); it is checked when the class is defined.
 """
 
 from __future__ import annotations
@@ -68,6 +70,13 @@ def check_max_retries(value: object) -> int:
     return number
 
 
+def check_inline(value: object) -> bool:
+    """Implements Q-38: ``inline`` is a bool."""
+    if not isinstance(value, bool):
+        raise ValueError(f"inline must be True or False, got {value!r}")
+    return value
+
+
 def default_backoff(attempt: int, rng: random.Random) -> int:
     """``attempt**4 + 10 + randint(0, 14) * attempt`` seconds (Q-4)."""
     return attempt ** 4 + 10 + rng.randint(0, 14) * attempt
@@ -109,13 +118,16 @@ class Task:
     """Base class of deferred tasks.
 
     Subclass it and define ``perform(self, *args, **kwargs)`` (plain or ``async``).
-    Class keywords: ``name=`` (the registered name; default ``module.QualName``) and
-    ``registry=`` (default: the global one). Set ``max_retries`` (default 20) and
-    override ``retry_interval`` to change the retry policy.
+    Class keywords: ``name=`` (the registered name; default ``module.QualName``),
+    ``registry=`` (default: the global one), and ``inline=`` (or the class attribute of
+    the same name). Set ``max_retries`` (default 20) and override
+    ``retry_interval`` to change the retry policy.
     """
 
     task_name: ClassVar[str] = ""
     max_retries: ClassVar[int] = DEFAULT_MAX_RETRIES
+    # Q-38: a plain perform runs in the queue's thread pool unless the task is inline.
+    inline: ClassVar[bool] = False
 
     # Set by the queue on each instance before perform runs.
     rng: random.Random = random.Random()
@@ -123,9 +135,11 @@ class Task:
     attempt: int = 1  # this execution's number: stored attempts + 1
 
     def __init_subclass__(cls, *, name: str | None = None,
-                          registry: TaskRegistry | None = None, **kwargs: object) -> None:
+                          registry: TaskRegistry | None = None, inline: object = None,
+                          **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         cls.max_retries = check_max_retries(cls.max_retries)
+        cls.inline = check_inline(cls.inline if inline is None else inline)
         cls.task_name = name if name is not None else f"{cls.__module__}.{cls.__qualname__}"
         (REGISTRY if registry is None else registry).register(cls, cls.task_name)
 
@@ -175,7 +189,7 @@ class TaskFunction(Generic[P, R]):
 
 
 def _task_class_for(function: Callable[P, R], name: str | None, max_retries: object,
-                    registry: TaskRegistry | None) -> type[Task]:
+                    registry: TaskRegistry | None, inline: object = False) -> type[Task]:
     def perform(self: Task, *args: P.args, **kwargs: P.kwargs) -> R:
         return function(*args, **kwargs)
 
@@ -188,6 +202,7 @@ def _task_class_for(function: Callable[P, R], name: str | None, max_retries: obj
     namespace: dict[str, object] = {
         "perform": perform_async if inspect.iscoroutinefunction(function) else perform,
         "max_retries": check_max_retries(max_retries),
+        "inline": check_inline(inline),
         "__module__": function.__module__,
         "__qualname__": getattr(function, "__qualname__", task_name),
         "__doc__": function.__doc__,
@@ -208,16 +223,18 @@ def task(function: Callable[P, R], /) -> TaskFunction[P, R]: ...
 
 @overload
 def task(*, name: str | None = None, max_retries: object = DEFAULT_MAX_RETRIES,
-         registry: TaskRegistry | None = None
+         registry: TaskRegistry | None = None, inline: bool = False
          ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
 
 
 def task(function: Callable[P, R] | None = None, /, *, name: str | None = None,
-         max_retries: object = DEFAULT_MAX_RETRIES, registry: TaskRegistry | None = None
+         max_retries: object = DEFAULT_MAX_RETRIES, registry: TaskRegistry | None = None,
+         inline: bool = False
          ) -> TaskFunction[P, R] | Callable[[Callable[P, R]], TaskFunction[P, R]]:
-    """Make a function (plain or ``async``) a task: ``@task`` or ``@task(name=..., max_retries=...)``."""
+    """Make a function (plain or ``async``) a task: ``@task`` or ``@task(name=...,
+    max_retries=..., inline=...)``."""
     def wrap(fn: Callable[P, R]) -> TaskFunction[P, R]:
-        return TaskFunction(fn, _task_class_for(fn, name, max_retries, registry))
+        return TaskFunction(fn, _task_class_for(fn, name, max_retries, registry, inline))
 
     return wrap if function is None else wrap(function)
 
