@@ -106,3 +106,5 @@ assert 1 <= DEFAULT_MAX_CONCURRENCY <= MAX_CONCURRENCY_MAX
 DEFAULT_SYNC_THREADS: Final = 8
 SYNC_THREADS_MAX: Final = 1024
 assert 1 <= DEFAULT_SYNC_THREADS <= SYNC_THREADS_MAX
+# The longest per-task timeout, seconds: a day.
+TASK_TIMEOUT_MAX_S: Final = 86_400.0

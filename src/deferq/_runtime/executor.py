@@ -22,6 +22,7 @@ scheduler when an execution ended, so ``wait_idle`` and ``stop`` see it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -31,7 +32,7 @@ from typing import Final
 
 from deferq._core.types import PendingTask
 from deferq._runtime.clock import Clock
-from deferq._runtime.errors import PushTimeout, UnloadableTaskError
+from deferq._runtime.errors import PushTimeout, TaskTimeoutError, UnloadableTaskError
 from deferq._runtime.journal import Journal
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import Context, ContextCodec, ContextError
@@ -121,7 +122,10 @@ class Executor:
             try:
                 if error is None and result is not None and inspect.isawaitable(result):
                     try:
-                        await result
+                        if cls.timeout is None:
+                            await result
+                        else:
+                            await self._within(cls, cls.timeout, result)
                     except Exception as exc:  # noqa: BLE001 - a failed execution
                         error = exc
                 abandoned = self._scheduler.abandoned
@@ -167,6 +171,26 @@ class Executor:
             return instance, perform(*context.args, **context.kwargs), None
         except Exception as exc:  # noqa: BLE001 - any failure of the task is a failed execution
             return instance, None, exc
+
+    async def _within(self, cls: type[Task], timeout_s: float, work: Awaitable[object]) -> None:
+        """Implements Q-39: await ``work`` for at most ``timeout_s`` on the queue's clock.
+
+        Past it, the work is cancelled (an async perform) or abandoned (a thread of the pool
+        cannot be stopped: whatever it returns or raises later is ignored), and the
+        execution fails with ``TaskTimeoutError``.
+        """
+        job = asyncio.ensure_future(work)
+        timer = asyncio.ensure_future(self._clock.sleep(timeout_s))
+        try:
+            await asyncio.wait((job, timer), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            if not job.done():
+                job.cancel()
+                job.add_done_callback(_retrieve)
+        if job.cancelled() or not job.done():
+            raise TaskTimeoutError(f"{cls.task_name} timed out after {timeout_s:g} s")
+        job.result()
 
     async def _failed(self, task_id: str, context: Context, cls: type[Task],
                       instance: Task | None, exc: Exception) -> bool:
@@ -255,3 +279,8 @@ async def _pooled_call(future: Awaitable[object]) -> None:
     if value is not None and inspect.isawaitable(value):
         await value
 
+
+def _retrieve(future: asyncio.Future[object]) -> None:
+    """Retrieve an abandoned job's outcome, so that asyncio does not warn about it."""
+    if not future.cancelled():
+        future.exception()
