@@ -59,6 +59,7 @@ class Executor:
         self.inflight = 0  # executions running
         self._pool = pool
         self._pooled: dict[type[Task], bool] = {}  # whose perform runs in the pool (Q-38)
+        self.jobs: dict[str, asyncio.Task[None]] = {}  # begun executions' tasks, by id (Q-40)
         # Bound once: called per execution.
         self._maybe_idle = scheduler.maybe_idle
         self._job_done = scheduler.job_done
@@ -103,7 +104,9 @@ class Executor:
         scheduler = self._scheduler
         if counted:
             scheduler.backlog -= 1
-        if not scheduler.running:
+        cancelled = scheduler.cancelled
+        if not scheduler.running or (cancelled and task_id in cancelled):
+            cancelled.discard(task_id)  # Implements Q-40: cancelled before it began
             ended()
             return None
         self.inflight += 1
@@ -118,6 +121,9 @@ class Executor:
                       instance: Task | None, result: object, error: Exception | None) -> None:
         """The rest of an execution in its asyncio task: await the result, then one transition."""
         released = False  # whether a retry gave the slot back early (Q-37)
+        job = asyncio.current_task()
+        if job is not None:
+            self.jobs[task_id] = job  # cancel (Q-40) interrupts it from here on
         try:
             try:
                 if error is None and result is not None and inspect.isawaitable(result):
@@ -135,6 +141,11 @@ class Executor:
                     # sync, so it stays in the WAL and runs again at the next start.
                     log.warning("deferred task %s ended after stop gave up on it; its outcome "
                                 "is not recorded and it stays in the WAL", task_id)
+                elif self._scheduler.cancelled and task_id in self._scheduler.cancelled:
+                    # Implements Q-40: cancel removed it; what it did is not recorded.
+                    self._scheduler.cancelled.discard(task_id)
+                    log.info("deferred task %s ended after it was cancelled; its outcome is "
+                             "not recorded", task_id)
                 elif error is not None:
                     released = await self._failed(task_id, context, cls, instance, error)
                 else:
@@ -144,6 +155,8 @@ class Executor:
             finally:
                 self.inflight -= 1
         finally:
+            if self.jobs.get(task_id) is job:
+                del self.jobs[task_id]
             self._job_done(holds_slot=not released)
 
     def _perform(self, task_id: str, context: Context, cls: type[Task]

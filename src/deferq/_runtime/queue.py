@@ -44,6 +44,7 @@ from deferq._core.limits import (
 )
 from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.backpressure import Backpressure
+from deferq._runtime.cancel import Canceller
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.executor import Executor
@@ -107,6 +108,7 @@ class Queue:
         self._executor = Executor(self._scheduler, self._journal, registry=self.registry,
                                   codec=self.codec, clock=self.clock, rng=self.rng,
                                   pool=self._pool)
+        self._canceller = Canceller(self._scheduler, self._executor, self._journal, self.clock)
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -175,6 +177,22 @@ class Queue:
         finally:
             self._state = _State.STOPPED
         return finished
+
+    async def cancel(self, task_id: str) -> bool:
+        """Cancel a task this running queue holds: delayed, waiting for a slot, or running (Q-40).
+
+        It never runs (again) and is not retried: it is removed from the WAL and the
+        cancellation is logged. A running async perform is cancelled; a plain perform in the
+        thread pool cannot be stopped, and what it does afterwards is not recorded.
+
+        Returns:
+            True when the task was cancelled; False for an id this queue does not hold (an
+            unknown id, a task that finished, a queue not started or stopped).
+
+        Raises:
+            TypeError: ``task_id`` is not a str.
+        """
+        return await self._canceller.cancel(task_id)
 
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, task: object, /, *args: object, delay: object = None,

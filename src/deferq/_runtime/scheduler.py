@@ -84,6 +84,8 @@ class Scheduler:
         self._run: RunAsync | None = None
         # Task ids of executions ``stop`` gave up on (Q-35): their outcome is never written.
         self.abandoned: set[str] = set()
+        # Task ids ``cancel`` took (Q-40): they never begin, and no outcome is written.
+        self.cancelled: set[str] = set()
 
     def attach(self, run_plain: RunPlain, run: RunAsync) -> None:
         """The executor's entry points: a plain execution, and an async one as a coroutine."""
@@ -188,6 +190,30 @@ class Scheduler:
         finally:
             if soon and self._soon_handle is None and self.loop is not None:
                 self._soon_handle = self.loop.call_soon(self._run_soon)
+
+    # ------------------------------------------------------------------ cancel (Q-40)
+    def withdraw(self, task_id: str) -> str | None:
+        """Implements Q-40 for work not begun: drop ``task_id`` from the timers, the tasks
+        waiting for a slot or the run-soon batch; where it was, or None."""
+        if self.timers.cancel(task_id) is not None:
+            return "delayed"
+        for line, where in ((self._waiting, "waiting for a slot"), (self._soon, "due")):
+            for index, entry in enumerate(line):
+                if entry[1] == task_id:
+                    del line[index]
+                    if entry[4]:
+                        self.backlog -= 1  # counted in the backlog until it began
+                    self.maybe_idle(holds_slot=line is self._soon)
+                    return where
+        return None
+
+    def job_of(self, task_id: str) -> asyncio.Task[None] | None:
+        """The asyncio task of ``task_id``'s execution, or None (at most
+        ``max_concurrency`` to look through)."""
+        for job in self.work:
+            if job.get_name() == task_id:
+                return job
+        return None
 
     # ------------------------------------------------------------------ backpressure
     async def make_room(self) -> None:
