@@ -53,6 +53,7 @@ def test_a_thousand_delayed_tasks_hold_one_sleeper_and_no_task_each() -> None:
         await settle()
         assert queue.delayed == 1000
         assert clock.sleepers == 1  # one per delayed task before Q-36
+        queue._scheduler.timers.check_invariants()
         assert len(asyncio.all_tasks()) <= tasks_before + 1
         await drain(queue)
         assert sorted(n for n, _ in RAN) == list(range(1000))
@@ -91,6 +92,7 @@ def test_an_earlier_timer_overtakes_the_sleepers_deadline() -> None:
         queue.enqueue(Note, 2, delay=3)
         await settle()
         assert clock.next_deadline() == start + 3 and clock.sleepers == 1
+        queue._scheduler.timers.check_invariants()
         await clock.advance(3)
         assert RAN == [(2, start + 3)]
         assert clock.next_deadline() == start + 100  # the sleeper went back to the later one
