@@ -19,7 +19,7 @@ from deferq._runtime.operator import Operator, Retried
 from deferq._runtime.queue import Queue
 from deferq._runtime.backpressure import Backpressure
 from deferq._runtime.clock import Clock, SystemClock
-from deferq._runtime.errors import PushTimeout, UnloadableTaskError
+from deferq._runtime.errors import PushTimeout, TaskTimeoutError, UnloadableTaskError
 from deferq._runtime.jsontypes import JsonTypes
 from deferq._runtime.serialize import ContextCodec, ContextError, SerializationError
 from deferq._runtime.task import Task, TaskFunction, TaskRegistry, task
@@ -52,6 +52,7 @@ __all__ = [
     "TaskFunction",
     "TaskNotRegisteredError",
     "TaskRegistry",
+    "TaskTimeoutError",
     "UnloadableTaskError",
     "__version__",
     "task",

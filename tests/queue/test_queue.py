@@ -4,7 +4,9 @@ Goal: every transition of spec/queue.md (Q-6..Q-15) and the give-up handoff
 order of D-13, with the reference's retry edge cases (reference-behaviour.md
 3.1-3.6, 4.7). Method: a ``RecordingBackend`` logs each backend call in order
 and a ``DrivenClock`` makes time explicit (``auto=True`` jumps over retry
-delays at once); tasks record what they see. No real sleeps.
+delays at once); tasks record what they see. No real sleeps. The plain tasks are
+``inline`` (Q-38): these tests step the loop by hand, and a thread of the pool would
+finish at a time they do not control (tests/queue/test_sync_pool.py covers the pool).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ REG = deferq.TaskRegistry()
 LOG: list[tuple[str, object]] = []
 
 
-class Ok(deferq.Task, name="q.Ok", registry=REG):
+class Ok(deferq.Task, name="q.Ok", registry=REG, inline=True):
     def perform(self, *args: object, **kwargs: object) -> None:
         LOG.append(("ok", (args, kwargs, self.attempt, self.task_id)))
 
@@ -41,13 +43,13 @@ class Boom(Exception):
     pass
 
 
-class AlwaysFails(deferq.Task, name="q.AlwaysFails", registry=REG):
+class AlwaysFails(deferq.Task, name="q.AlwaysFails", registry=REG, inline=True):
     def perform(self) -> None:
         LOG.append(("fail", self.attempt))
         raise Boom(f"attempt {self.attempt}")
 
 
-class FailsThrice(deferq.Task, name="q.FailsThrice", registry=REG):
+class FailsThrice(deferq.Task, name="q.FailsThrice", registry=REG, inline=True):
     max_retries = 3
 
     def perform(self) -> None:
@@ -55,7 +57,7 @@ class FailsThrice(deferq.Task, name="q.FailsThrice", registry=REG):
         raise Boom("no")
 
 
-class Immediate(deferq.Task, name="q.Immediate", registry=REG):
+class Immediate(deferq.Task, name="q.Immediate", registry=REG, inline=True):
     max_retries = 2
     interval: object = 0
 
@@ -67,7 +69,7 @@ class Immediate(deferq.Task, name="q.Immediate", registry=REG):
         return type(self).interval
 
 
-class Abort(deferq.Task, name="q.Abort", registry=REG):
+class Abort(deferq.Task, name="q.Abort", registry=REG, inline=True):
     def perform(self) -> None:
         raise Boom("fatal")
 
@@ -579,7 +581,7 @@ def test_queue_dead_task_listing_filters() -> None:
     run(main())
 
 
-class FloodsThenFails(deferq.Task, name="q.FloodsThenFails", registry=REG):
+class FloodsThenFails(deferq.Task, name="q.FloodsThenFails", registry=REG, inline=True):
     queue: deferq.Queue | None = None
 
     def perform(self) -> None:
@@ -629,7 +631,7 @@ def test_enqueue_before_start_only_persists_and_start_runs_it() -> None:
 # (docs/queue.md: a plain perform is a loop callback, an async one its own asyncio task)
 
 
-class WhereAmI(deferq.Task, name="q.WhereAmI", registry=REG):
+class WhereAmI(deferq.Task, name="q.WhereAmI", registry=REG, inline=True):
     def perform(self) -> None:
         LOG.append(("plain", asyncio.current_task()))
 
@@ -644,7 +646,7 @@ async def where_fn() -> None:
     LOG.append(("async fn", asyncio.current_task()))
 
 
-class ReturnsAwaitable(deferq.Task, name="q.ReturnsAwaitable", registry=REG):
+class ReturnsAwaitable(deferq.Task, name="q.ReturnsAwaitable", registry=REG, inline=True):
     max_retries = 0
     fail = False
 
@@ -658,7 +660,7 @@ class ReturnsAwaitable(deferq.Task, name="q.ReturnsAwaitable", registry=REG):
 
 
 @pytest.mark.spec("Q-7")
-def test_plain_perform_runs_as_a_loop_callback_and_async_perform_in_its_own_task() -> None:
+def test_inline_plain_perform_runs_as_a_loop_callback_and_async_perform_in_its_own_task() -> None:
     async def main() -> None:
         backend = RecordingBackend()
         queue = await started(backend, DrivenClock(), registry=REG)
@@ -730,7 +732,7 @@ def test_stop_waits_for_a_failed_plain_execution_to_be_retried() -> None:
 REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("REQUEST", default="none")
 
 
-class SeesContext(deferq.Task, name="q.SeesContext", registry=REG):
+class SeesContext(deferq.Task, name="q.SeesContext", registry=REG, inline=True):
     def perform(self, n: int) -> None:
         LOG.append(("sees", (n, REQUEST.get())))
         REQUEST.set(f"changed by {n}")  # must not leak into the next execution

@@ -138,12 +138,14 @@ REGISTRY = TaskRegistry()
 RUNS: list[str] = []
 
 
-class Works(Task, name="protocol.Works", registry=REGISTRY):
+class Works(Task, name="protocol.Works", registry=REGISTRY,
+           inline=True):  # stepped by hand (settle): on the loop, not in a thread
     def perform(self, label: str) -> None:
         RUNS.append(label)
 
 
-class Fails(Task, name="protocol.Fails", registry=REGISTRY):
+class Fails(Task, name="protocol.Fails", registry=REGISTRY,
+           inline=True):  # stepped by hand (settle): on the loop, not in a thread
     max_retries = 1
 
     def perform(self) -> None:

@@ -111,3 +111,15 @@ assert 0 < SWEEP_INTERVAL_MIN_S <= DEFAULT_SWEEP_INTERVAL_S <= SWEEP_INTERVAL_MA
 # Rounds of queued adds one group-commit leader serves before it hands the locks on.
 GROUP_COMMIT_ROUNDS_MAX: Final = 8
 assert GROUP_COMMIT_ROUNDS_MAX >= 1
+
+# --- Execution control of the queue (spec/queue.md).
+# Executions that run at once by default, and the most a queue accepts.
+DEFAULT_MAX_CONCURRENCY: Final = 100
+MAX_CONCURRENCY_MAX: Final = 1_000_000
+assert 1 <= DEFAULT_MAX_CONCURRENCY <= MAX_CONCURRENCY_MAX
+# Threads of the pool a plain perform runs in by default, and the most a queue accepts.
+DEFAULT_SYNC_THREADS: Final = 8
+SYNC_THREADS_MAX: Final = 1024
+assert 1 <= DEFAULT_SYNC_THREADS <= SYNC_THREADS_MAX
+# The longest per-task timeout, seconds: a day.
+TASK_TIMEOUT_MAX_S: Final = 86_400.0

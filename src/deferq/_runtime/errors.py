@@ -19,3 +19,11 @@ class SerializationError(DeferqError, TypeError):
 
 class ContextError(DeferqError, ValueError):
     """A stored context that cannot be decoded into a runnable task record."""
+
+
+class TaskTimeoutError(DeferqError, TimeoutError):
+    """Raised into an execution's outcome when it ran longer than its task's ``timeout``.
+
+    A failed execution like any other: it goes through the retry policy, and a dead task
+    records it as its exception (Q-39).
+    """

@@ -22,18 +22,21 @@ scheduler when an execution ended, so ``wait_idle`` and ``stop`` see it.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from deferq._core.types import PendingTask
 from deferq._runtime.clock import Clock
-from deferq._runtime.errors import PushTimeout, UnloadableTaskError
+from deferq._runtime.errors import PushTimeout, TaskTimeoutError, UnloadableTaskError
 from deferq._runtime.journal import Journal
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import Context, ContextCodec, ContextError
+from deferq._runtime.syncpool import SyncPool
 from deferq._runtime.task import Task, TaskRegistry, default_backoff, next_retry_in
 from deferq.backends._deadtask import task_class_name
 
@@ -46,7 +49,7 @@ class Executor:
     """Runs executions the scheduler began, and writes each one's outcome to the journal."""
 
     def __init__(self, scheduler: Scheduler, journal: Journal, *, registry: TaskRegistry,
-                 codec: ContextCodec, clock: Clock, rng: random.Random) -> None:
+                 codec: ContextCodec, clock: Clock, rng: random.Random, pool: SyncPool) -> None:
         self._scheduler = scheduler
         self._journal = journal
         self._registry = registry
@@ -54,6 +57,9 @@ class Executor:
         self._clock = clock
         self._rng = rng
         self.inflight = 0  # executions running
+        self._pool = pool
+        self._pooled: dict[type[Task], bool] = {}  # whose perform runs in the pool (Q-38)
+        self.jobs: dict[str, asyncio.Task[None]] = {}  # begun executions' tasks, by id (Q-40)
         # Bound once: called per execution.
         self._maybe_idle = scheduler.maybe_idle
         self._job_done = scheduler.job_done
@@ -98,7 +104,9 @@ class Executor:
         scheduler = self._scheduler
         if counted:
             scheduler.backlog -= 1
-        if not scheduler.running:
+        cancelled = scheduler.cancelled
+        if not scheduler.running or (cancelled and task_id in cancelled):
+            cancelled.discard(task_id)  # Implements Q-40: cancelled before it began
             ended()
             return None
         self.inflight += 1
@@ -112,11 +120,18 @@ class Executor:
     async def _finish(self, task_id: str, context: Context, cls: type[Task],
                       instance: Task | None, result: object, error: Exception | None) -> None:
         """The rest of an execution in its asyncio task: await the result, then one transition."""
+        released = False  # whether a retry gave the slot back early (Q-37)
+        job = asyncio.current_task()
+        if job is not None:
+            self.jobs[task_id] = job  # cancel (Q-40) interrupts it from here on
         try:
             try:
                 if error is None and result is not None and inspect.isawaitable(result):
                     try:
-                        await result
+                        if cls.timeout is None:
+                            await result
+                        else:
+                            await self._within(cls, cls.timeout, result)
                     except Exception as exc:  # noqa: BLE001 - a failed execution
                         error = exc
                 abandoned = self._scheduler.abandoned
@@ -126,8 +141,13 @@ class Executor:
                     # sync, so it stays in the WAL and runs again at the next start.
                     log.warning("deferred task %s ended after stop gave up on it; its outcome "
                                 "is not recorded and it stays in the WAL", task_id)
+                elif self._scheduler.cancelled and task_id in self._scheduler.cancelled:
+                    # Implements Q-40: cancel removed it; what it did is not recorded.
+                    self._scheduler.cancelled.discard(task_id)
+                    log.info("deferred task %s ended after it was cancelled; its outcome is "
+                             "not recorded", task_id)
                 elif error is not None:
-                    await self._failed(task_id, context, cls, instance, error)
+                    released = await self._failed(task_id, context, cls, instance, error)
                 else:
                     self._remove(task_id)
             except Exception:  # noqa: BLE001 - storage errors must not kill the loop's task
@@ -135,7 +155,9 @@ class Executor:
             finally:
                 self.inflight -= 1
         finally:
-            self._job_done()
+            if self.jobs.get(task_id) is job:
+                del self.jobs[task_id]
+            self._job_done(holds_slot=not released)
 
     def _perform(self, task_id: str, context: Context, cls: type[Task]
                  ) -> tuple[Task | None, object, Exception | None]:
@@ -148,13 +170,49 @@ class Executor:
             perform: object = getattr(instance, "perform")
             if not callable(perform):
                 raise TypeError(f"{cls.task_name}.perform is not callable")
+            pooled = self._pooled.get(cls)
+            if pooled is None:
+                pooled = self._pooled[cls] = not cls.inline and not (
+                    inspect.iscoroutinefunction(perform))
+            if pooled:
+                # Implements Q-38: a plain perform runs in the pool, never on the loop.
+                loop = self._scheduler.loop
+                assert loop is not None
+                return instance, _pooled_call(
+                    self._pool.submit(loop, functools.partial(
+                        perform, *context.args, **context.kwargs))), None
             return instance, perform(*context.args, **context.kwargs), None
         except Exception as exc:  # noqa: BLE001 - any failure of the task is a failed execution
             return instance, None, exc
 
+    async def _within(self, cls: type[Task], timeout_s: float, work: Awaitable[object]) -> None:
+        """Implements Q-39: await ``work`` for at most ``timeout_s`` on the queue's clock.
+
+        Past it, the work is cancelled (an async perform) or abandoned (a thread of the pool
+        cannot be stopped: whatever it returns or raises later is ignored), and the
+        execution fails with ``TaskTimeoutError``.
+        """
+        job = asyncio.ensure_future(work)
+        timer = asyncio.ensure_future(self._clock.sleep(timeout_s))
+        try:
+            await asyncio.wait((job, timer), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            if not job.done():
+                job.cancel()
+                job.add_done_callback(_retrieve)
+        if job.cancelled() or not job.done():
+            raise TaskTimeoutError(f"{cls.task_name} timed out after {timeout_s:g} s")
+        job.result()
+
     async def _failed(self, task_id: str, context: Context, cls: type[Task],
-                      instance: Task | None, exc: Exception) -> None:
-        """A failed execution: a retry under the same id (W-15), or a give-up (D-13, Q-8)."""
+                      instance: Task | None, exc: Exception) -> bool:
+        """A failed execution: a retry under the same id (W-15), or a give-up (D-13, Q-8).
+
+        True when it gave its slot back early (Q-37): a retry that waits for backpressure
+        must not hold a slot, or executions holding every slot could wait for a backlog
+        that only they would drain.
+        """
         attempts = context.attempts + 1
         retried = context.with_attempts(attempts)
         data = self._codec.encode(retried)
@@ -173,13 +231,18 @@ class Executor:
                       task_id, cls.task_name, attempts, cls.max_retries + 1,
                       type(exc).__name__, exc, exc_info=exc)
             await self._journal.give_up(task_id, data, exc, cls.task_name, attempts)
-            return
+            return False
+        scheduler = self._scheduler
+        bp = scheduler.backpressure
+        released = bp is not None and scheduler.backlog > bp.high_water_mark
+        if released:
+            scheduler.release_slot()
         try:
-            await self._scheduler.make_room()
+            await scheduler.make_room()
         except PushTimeout as push:
             log.error("deferred task %s: retry not scheduled (%s); it stays in the WAL", task_id,
                       push)
-            return
+            return released
         seconds = int(retry_in)
         log.warning("deferred task %s (%s) attempt %d of %d failed: %s: %s; retrying in %d s",
                     task_id, cls.task_name, attempts, cls.max_retries + 1, type(exc).__name__,
@@ -187,6 +250,7 @@ class Executor:
         publish_at = int(self._clock.time()) + seconds if seconds > 0 else None
         self._journal.readd(data, publish_at, task_id)  # same id, this WAL only (W-15)
         self._scheduler.schedule(task_id, retried, cls, seconds if seconds > 0 else None)
+        return released
 
     # ------------------------------------------------------------------ replay
     async def replay(self, pending: PendingTask, now: int) -> bool:
@@ -219,3 +283,17 @@ class Executor:
         # Implements Q-31: whatever the record holds, the name fits a dead-task record.
         await self._journal.give_up(pending.task_id, pending.context, error,
                                     task_class_name(name), attempts)
+
+
+async def _pooled_call(future: Awaitable[object]) -> None:
+    """A pooled perform's outcome; an awaitable it returned is awaited on the loop, as an
+    inline perform's is."""
+    value = await future
+    if value is not None and inspect.isawaitable(value):
+        await value
+
+
+def _retrieve(future: asyncio.Future[object]) -> None:
+    """Retrieve an abandoned job's outcome, so that asyncio does not warn about it."""
+    if not future.cancelled():
+        future.exception()

@@ -37,9 +37,17 @@ import random
 from collections.abc import Iterable
 
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
-from deferq._core.limits import DEFAULT_SWEEP_INTERVAL_S, SWEEP_FILES_MAX
+from deferq._core.limits import (
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_SWEEP_INTERVAL_S,
+    DEFAULT_SYNC_THREADS,
+    MAX_CONCURRENCY_MAX,
+    SWEEP_FILES_MAX,
+    SYNC_THREADS_MAX,
+)
 from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.backpressure import Backpressure
+from deferq._runtime.cancel import Canceller
 from deferq._runtime.claimer import Claimer
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.errors import PushTimeout
@@ -49,6 +57,7 @@ from deferq._runtime.operator import Operator, Retried
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.sweeper import Sweeper, adopter_of
 from deferq._runtime.serialize import JSON_CODEC, Context, ContextCodec, ContextError
+from deferq._runtime.syncpool import SyncPool
 from deferq._runtime.task import REGISTRY, Task, TaskRegistry, task_class_of
 from deferq.backends._options import check_sweep_interval
 from deferq.backends.protocol import Backend, ClaimingBackend
@@ -61,6 +70,12 @@ class _State(enum.Enum):
     RUNNING = "running"
     STOPPING = "stopping"
     STOPPED = "stopped"
+
+
+def _count(value: object, name: str, most: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise ValueError(f"{name} must be an int from 1 to {most:,}, got {value!r}")
+    return value
 
 
 def _seconds(value: object, name: str) -> float:
@@ -78,8 +93,14 @@ class Queue:
     def __init__(self, backend: Backend, *, registry: TaskRegistry | None = None,
                  backpressure: Backpressure | None = None, clock: Clock | None = None,
                  rng: random.Random | None = None, codec: ContextCodec | None = None,
-                 sweep_interval: float = DEFAULT_SWEEP_INTERVAL_S) -> None:
+                 sweep_interval: float = DEFAULT_SWEEP_INTERVAL_S,
+                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+                 sync_threads: int = DEFAULT_SYNC_THREADS) -> None:
         self.backend = backend
+        # Q-37: executions that run at once; the others wait in memory for a slot.
+        self.max_concurrency = _count(max_concurrency, "max_concurrency", MAX_CONCURRENCY_MAX)
+        # Q-38: the threads plain performs run in (unless their task is inline).
+        self._pool = SyncPool(_count(sync_threads, "sync_threads", SYNC_THREADS_MAX))
         # Q-18/Q-34: JSON unless the application opts into authenticated pickles.
         self.codec = JSON_CODEC if codec is None else codec
         self.registry = REGISTRY if registry is None else registry
@@ -89,9 +110,12 @@ class Queue:
         self.operator = Operator(backend, backend)
         self._state = _State.NEW
         self._journal = Journal(backend)
-        self._scheduler = Scheduler(self.clock, backpressure)
+        self._scheduler = Scheduler(self.clock, backpressure,
+                                    max_concurrency=self.max_concurrency)
         self._executor = Executor(self._scheduler, self._journal, registry=self.registry,
-                                  codec=self.codec, clock=self.clock, rng=self.rng)
+                                  codec=self.codec, clock=self.clock, rng=self.rng,
+                                  pool=self._pool)
+        self._canceller = Canceller(self._scheduler, self._executor, self._journal, self.clock)
         # Q-70..Q-72: the adoption sweep, when the backend has one (C-28).
         adopt, interval_s = adopter_of(backend), check_sweep_interval(sweep_interval)
         self._sweeper = None if adopt is None else Sweeper(
@@ -111,6 +135,11 @@ class Queue:
     def running(self) -> int:
         """Executions in progress."""
         return self._executor.inflight
+
+    @property
+    def waiting(self) -> int:
+        """Executions due now that wait for a slot (``max_concurrency``, Q-37)."""
+        return self._scheduler.waiting
 
     @property
     def delayed(self) -> int:
@@ -164,6 +193,7 @@ class Queue:
         if self._claimer is not None:
             await self._claimer.stop()
         finished = await self._scheduler.stop(wait_s)
+        self._pool.shutdown()  # Implements Q-38: no thread is waited for
         await self._journal.settle()
         try:
             self._journal.close()
@@ -172,6 +202,22 @@ class Queue:
             if self._claimer is not None:
                 await self._claimer.release()
         return finished
+
+    async def cancel(self, task_id: str) -> bool:
+        """Cancel a task this running queue holds: delayed, waiting for a slot, or running (Q-40).
+
+        It never runs (again) and is not retried: it is removed from the WAL and the
+        cancellation is logged. A running async perform is cancelled; a plain perform in the
+        thread pool cannot be stopped, and what it does afterwards is not recorded.
+
+        Returns:
+            True when the task was cancelled; False for an id this queue does not hold (an
+            unknown id, a task that finished, a queue not started or stopped).
+
+        Raises:
+            TypeError: ``task_id`` is not a str.
+        """
+        return await self._canceller.cancel(task_id)
 
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, task: object, /, *args: object, delay: object = None,

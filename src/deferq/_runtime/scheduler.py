@@ -5,8 +5,12 @@ Rules (spec/queue.md):
   (the queue not started, or stopping) stays in the WAL and the next start replays it.
 - An immediate task counts in the backlog from ``schedule`` until its execution begins;
   backpressure (Q-11) waits on that count, in ``make_room``.
-- A delayed task waits for its time in a timer (an asyncio task sleeping on the
-  ``Clock``); then it runs, without counting in the backlog.
+- A delayed task waits for its time in the timer heap (``timers.py``: one heap and one
+  sleeper on the ``Clock`` for all of them, Q-36); then it runs, without counting in the
+  backlog.
+- At most ``max_concurrency`` executions run at once (Q-37): one that would exceed it waits
+  in ``_waiting`` (in memory: the task is in the WAL already) and begins, in arrival order,
+  when a running one ends. An immediate task waiting for a slot still counts in the backlog.
 - ``stop`` (Q-15) cancels the timers, waits up to a timeout for the work that was
   scheduled or running, then drops or cancels the rest: it all stays in the WAL.
 - A cancelled execution that swallows its cancellation is waited for at most
@@ -38,6 +42,7 @@ from deferq._runtime.clock import Clock
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.serialize import Context
 from deferq._runtime.task import Task
+from deferq._runtime.timers import TimerHeap
 
 log = logging.getLogger("deferq.queue")
 
@@ -57,8 +62,13 @@ RunAsync = Callable[[str, Context, "type[Task]", bool], Coroutine[object, object
 class Scheduler:
     """Timers of delayed tasks, the run-soon batch, the backlog and the work still pending."""
 
-    def __init__(self, clock: Clock, backpressure: Backpressure | None) -> None:
+    def __init__(self, clock: Clock, backpressure: Backpressure | None, *,
+                 max_concurrency: int) -> None:
         self.clock = clock
+        self.max_concurrency = max_concurrency
+        self.active = 0  # executions holding a slot: begun (or about to) and not ended (Q-37)
+        # Executions waiting for a slot, in arrival order (Q-37).
+        self._waiting: collections.deque[_Soon] = collections.deque()
         self.backpressure = backpressure
         self.loop: asyncio.AbstractEventLoop | None = None
         self.running = False  # executions may be scheduled and begin (the queue is RUNNING)
@@ -66,13 +76,16 @@ class Scheduler:
         self.work: set[asyncio.Task[None]] = set()  # executions that are asyncio tasks
         self._soon: collections.deque[_Soon] = collections.deque()
         self._soon_handle: asyncio.Handle | None = None
-        self._async_perform: dict[type[Task], bool] = {}
+        self._as_task: dict[type[Task], bool] = {}
         self._idle_waiters: list[asyncio.Future[None]] = []
-        self._timers: set[asyncio.Task[None]] = set()  # delayed tasks waiting for their time
+        # Delayed tasks waiting for their time (Q-36).
+        self.timers = TimerHeap(clock, self._timer_fired)
         self._run_plain: RunPlain | None = None
         self._run: RunAsync | None = None
         # Task ids of executions ``stop`` gave up on (Q-35): their outcome is never written.
         self.abandoned: set[str] = set()
+        # Task ids ``cancel`` took (Q-40): they never begin, and no outcome is written.
+        self.cancelled: set[str] = set()
 
     def attach(self, run_plain: RunPlain, run: RunAsync) -> None:
         """The executor's entry points: a plain execution, and an async one as a coroutine."""
@@ -84,9 +97,14 @@ class Scheduler:
         self.running = True
 
     @property
+    def waiting(self) -> int:
+        """Executions waiting for a slot (Q-37)."""
+        return len(self._waiting)
+
+    @property
     def delayed(self) -> int:
         """Tasks waiting for their publish time in this process."""
-        return len(self._timers)
+        return len(self.timers)
 
     # ------------------------------------------------------------------ scheduling
     def schedule_from_any_thread(self, task_id: str, context: Context, cls: type[Task],
@@ -108,35 +126,48 @@ class Scheduler:
         if not self.running or self.loop is None:
             return  # stays in the WAL for the next start
         if publish_in is not None and publish_in > 0:
-            timer = self.loop.create_task(self._wait_then_run(task_id, context, cls, publish_in))
-            self._timers.add(timer)
-            timer.add_done_callback(self._timers.discard)
+            self.timers.add(self.loop, task_id, context, cls, publish_in)
         else:
             self.backlog += 1
             self._spawn(task_id, context, cls, counted=True)
 
     def _spawn(self, task_id: str, context: Context, cls: type[Task], *, counted: bool) -> None:
+        if self.active >= self.max_concurrency:
+            # Implements Q-37: no slot; it begins when a running execution ends.
+            self._waiting.append((contextvars.copy_context(), task_id, context, cls, counted))
+            return
+        self.active += 1
+        self._begin_soon(None, task_id, context, cls, counted)
+
+    def _begin_soon(self, ctx: contextvars.Context | None, task_id: str, context: Context,
+                    cls: type[Task], counted: bool) -> None:
+        """An execution that holds a slot: an asyncio task, or a place in the run-soon batch.
+
+        ``ctx`` is the context it was scheduled in when it waited for its slot.
+        """
         loop = self.loop
         assert loop is not None and self._run is not None
-        is_async = self._async_perform.get(cls)
-        if is_async is None:
-            is_async = self._async_perform[cls] = inspect.iscoroutinefunction(
+        as_task = self._as_task.get(cls)
+        if as_task is None:
+            # An async perform, and a plain one that runs in the thread pool (Q-38), are
+            # asyncio tasks; an inline plain perform runs in the run-soon batch.
+            as_task = self._as_task[cls] = not cls.inline or inspect.iscoroutinefunction(
                 getattr(cls, "perform", None))
-        if is_async:
+        if as_task:
             # The job leaves ``work`` from its own ``finally`` (``job_done``: a done callback
             # would cost a second event-loop turn per execution); ``stop`` drops the ones it
             # cancelled before they ever ran.
             # Named by its task id, so that ``stop`` can say which one ignored cancellation.
             self.work.add(loop.create_task(self._run(task_id, context, cls, counted),
-                                           name=task_id))
+                                           name=task_id, context=ctx))
         else:
-            self._soon.append((contextvars.copy_context(), task_id, context, cls, counted))
+            self._soon.append((contextvars.copy_context() if ctx is None else ctx, task_id,
+                               context, cls, counted))
             if self._soon_handle is None:
                 self._soon_handle = loop.call_soon(self._run_soon)
 
-    async def _wait_then_run(self, task_id: str, context: Context, cls: type[Task],
-                             publish_in: float) -> None:
-        await self.clock.sleep(int(publish_in))
+    def _timer_fired(self, task_id: str, context: Context, cls: type[Task]) -> None:
+        """A delayed task's time came (the timer heap's sleeper calls it)."""
         if self.running:
             self._spawn(task_id, context, cls, counted=False)
 
@@ -160,6 +191,30 @@ class Scheduler:
             if soon and self._soon_handle is None and self.loop is not None:
                 self._soon_handle = self.loop.call_soon(self._run_soon)
 
+    # ------------------------------------------------------------------ cancel (Q-40)
+    def withdraw(self, task_id: str) -> str | None:
+        """Implements Q-40 for work not begun: drop ``task_id`` from the timers, the tasks
+        waiting for a slot or the run-soon batch; where it was, or None."""
+        if self.timers.cancel(task_id) is not None:
+            return "delayed"
+        for line, where in ((self._waiting, "waiting for a slot"), (self._soon, "due")):
+            for index, entry in enumerate(line):
+                if entry[1] == task_id:
+                    del line[index]
+                    if entry[4]:
+                        self.backlog -= 1  # counted in the backlog until it began
+                    self.maybe_idle(holds_slot=line is self._soon)
+                    return where
+        return None
+
+    def job_of(self, task_id: str) -> asyncio.Task[None] | None:
+        """The asyncio task of ``task_id``'s execution, or None (at most
+        ``max_concurrency`` to look through)."""
+        for job in self.work:
+            if job.get_name() == task_id:
+                return job
+        return None
+
     # ------------------------------------------------------------------ backpressure
     async def make_room(self) -> None:
         """Implements Q-11: wait until the backlog is at the low water mark, or PushTimeout."""
@@ -176,7 +231,7 @@ class Scheduler:
     # ------------------------------------------------------------------ pending work
     async def wait_idle(self) -> None:
         """Return when no immediate or running work is left (delayed tasks may remain)."""
-        while self.work or self._soon:
+        while self.work or self._soon or self._waiting:
             await self._idle_waiter()
 
     def _idle_waiter(self) -> asyncio.Future[None]:
@@ -185,20 +240,31 @@ class Scheduler:
         self._idle_waiters.append(waiter)
         return waiter
 
-    def maybe_idle(self) -> None:
-        """An execution ended: wake the idle waiters if it was the last piece of work."""
-        if self._idle_waiters and not self.work and not self._soon:
+    def maybe_idle(self, *, holds_slot: bool = True) -> None:
+        """An execution ended: its slot goes to the next waiting one (Q-37); wake the idle
+        waiters if it was the last piece of work."""
+        if holds_slot:
+            self.release_slot()
+        if self._idle_waiters and not self.work and not self._soon and not self._waiting:
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    def job_done(self) -> None:
+    def job_done(self, *, holds_slot: bool = True) -> None:
         """The current asyncio task's execution ended: it leaves ``work``."""
         job = asyncio.current_task()
         if job is not None:
             self.work.discard(job)
-        self.maybe_idle()
+        self.maybe_idle(holds_slot=holds_slot)
+
+    def release_slot(self) -> None:
+        """Implements Q-37: an execution gives its slot back; the first waiting one begins."""
+        self.active -= 1
+        waiting = self._waiting
+        while waiting and self.running and self.active < self.max_concurrency:
+            self.active += 1
+            self._begin_soon(*waiting.popleft())
 
     async def stop(self, timeout_s: float) -> bool:
         """Implements Q-15 for the work: refuse new executions, cancel the timers, wait up to
@@ -207,13 +273,16 @@ class Scheduler:
         True when every execution finished in time.
         """
         self.running = False
-        for timer in self._timers:
-            timer.cancel()
+        self.timers.clear()  # Implements Q-36: one cancellation, however many timers
+        # Executions waiting for a slot never begin (Q-37): they stay in the WAL.
+        self.backlog -= sum(1 for *_, counted in self._waiting if counted)
+        self._waiting.clear()
         finished = await self._wait_work(timeout_s)
         self._soon.clear()  # plain executions that never began: they stay in the WAL
-        leftovers = set(self.work) | set(self._timers)
+        leftovers = set(self.work)
         for job in leftovers:
             job.cancel()
+        stuck: set[asyncio.Task[None]] = set()
         if leftovers:
             stuck = await self._wait_cancelled(leftovers)
             self.work.difference_update(leftovers)  # cancelled before their first step
@@ -225,6 +294,9 @@ class Scheduler:
                 log.warning("stop: %d task(s) still running %.1f s after being cancelled "
                             "(they swallowed the cancellation); left running, they stay in "
                             "the WAL: %s", len(ids), STOP_GRACE_S, ", ".join(ids))
+        # Jobs cancelled before their first step never gave their slot back; the stuck
+        # ones give theirs back when they end.
+        self.active = len(stuck)
         return finished
 
     async def _wait_cancelled(self, jobs: set[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
@@ -249,15 +321,15 @@ class Scheduler:
         return {job for job in jobs if not job.done()}
 
     async def _wait_work(self, timeout_s: float) -> bool:
-        if not self.work and not self._soon:
+        if not self.work and not self._soon and not self._waiting:
             return True
         deadline = asyncio.ensure_future(self.clock.sleep(timeout_s))
         try:
-            while self.work or self._soon:
+            while self.work or self._soon or self._waiting:
                 idle = self._idle_waiter()
                 await asyncio.wait({idle, deadline}, return_when=asyncio.FIRST_COMPLETED)
                 if deadline.done():
-                    return not self.work and not self._soon
+                    return not self.work and not self._soon and not self._waiting
             return True
         finally:
             deadline.cancel()

@@ -16,6 +16,10 @@ Rules:
   "at once"); any other value logs a warning and the default backoff
   ``attempt**4 + 10 + randint(0, 14) * attempt`` is used (Q-3, Q-4). The
   random source is the instance's ``rng``, which the queue injects.
+- ``inline`` (a bool, default False) runs a plain ``perform`` on the event loop instead of
+  the queue's thread pool (Q-38); ``timeout`` (None, or seconds in (0, 86400]) bounds an
+  execution (Q-39); both are checked when the class is defined, and an inline task cannot
+  have a timeout (nothing can interrupt a call running on the loop).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import (
 )
 
 from deferq._core.errors import NotATaskError
+from deferq._core.limits import TASK_TIMEOUT_MAX_S
 
 log = logging.getLogger("deferq.queue")
 
@@ -66,6 +71,24 @@ def check_max_retries(value: object) -> int:
     if number < 0:
         raise ValueError(_MAX_RETRIES_MESSAGE)
     return number
+
+
+def check_inline(value: object) -> bool:
+    """Implements Q-38: ``inline`` is a bool."""
+    if not isinstance(value, bool):
+        raise ValueError(f"inline must be True or False, got {value!r}")
+    return value
+
+
+def check_timeout(value: object) -> float | None:
+    """Implements Q-39: ``timeout`` is None or a finite number of seconds in (0, a day]."""
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 < value <= TASK_TIMEOUT_MAX_S):
+        raise ValueError(f"timeout must be None or a number of seconds above 0 and at most "
+                         f"{TASK_TIMEOUT_MAX_S:g}, got {value!r}")
+    return float(value)
 
 
 def default_backoff(attempt: int, rng: random.Random) -> int:
@@ -109,13 +132,18 @@ class Task:
     """Base class of deferred tasks.
 
     Subclass it and define ``perform(self, *args, **kwargs)`` (plain or ``async``).
-    Class keywords: ``name=`` (the registered name; default ``module.QualName``) and
-    ``registry=`` (default: the global one). Set ``max_retries`` (default 20) and
-    override ``retry_interval`` to change the retry policy.
+    Class keywords: ``name=`` (the registered name; default ``module.QualName``),
+    ``registry=`` (default: the global one), ``inline=`` and ``timeout=`` (or the class
+    attributes of the same names). Set ``max_retries`` (default 20) and override
+    ``retry_interval`` to change the retry policy.
     """
 
     task_name: ClassVar[str] = ""
     max_retries: ClassVar[int] = DEFAULT_MAX_RETRIES
+    # Q-38: a plain perform runs in the queue's thread pool unless the task is inline.
+    inline: ClassVar[bool] = False
+    # Q-39: seconds an execution may take before it fails with TaskTimeoutError; None: no limit.
+    timeout: ClassVar[float | None] = None
 
     # Set by the queue on each instance before perform runs.
     rng: random.Random = random.Random()
@@ -123,9 +151,15 @@ class Task:
     attempt: int = 1  # this execution's number: stored attempts + 1
 
     def __init_subclass__(cls, *, name: str | None = None,
-                          registry: TaskRegistry | None = None, **kwargs: object) -> None:
+                          registry: TaskRegistry | None = None, inline: object = None,
+                          timeout: object = None, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         cls.max_retries = check_max_retries(cls.max_retries)
+        cls.inline = check_inline(cls.inline if inline is None else inline)
+        cls.timeout = check_timeout(cls.timeout if timeout is None else timeout)
+        if cls.inline and cls.timeout is not None:
+            raise ValueError(f"task {cls.__qualname__}: an inline task cannot have a timeout "
+                             "(a call running on the event loop cannot be interrupted)")
         cls.task_name = name if name is not None else f"{cls.__module__}.{cls.__qualname__}"
         (REGISTRY if registry is None else registry).register(cls, cls.task_name)
 
@@ -175,7 +209,8 @@ class TaskFunction(Generic[P, R]):
 
 
 def _task_class_for(function: Callable[P, R], name: str | None, max_retries: object,
-                    registry: TaskRegistry | None) -> type[Task]:
+                    registry: TaskRegistry | None, inline: object = False,
+                    timeout: object = None) -> type[Task]:
     def perform(self: Task, *args: P.args, **kwargs: P.kwargs) -> R:
         return function(*args, **kwargs)
 
@@ -188,6 +223,8 @@ def _task_class_for(function: Callable[P, R], name: str | None, max_retries: obj
     namespace: dict[str, object] = {
         "perform": perform_async if inspect.iscoroutinefunction(function) else perform,
         "max_retries": check_max_retries(max_retries),
+        "inline": check_inline(inline),
+        "timeout": check_timeout(timeout),
         "__module__": function.__module__,
         "__qualname__": getattr(function, "__qualname__", task_name),
         "__doc__": function.__doc__,
@@ -208,16 +245,20 @@ def task(function: Callable[P, R], /) -> TaskFunction[P, R]: ...
 
 @overload
 def task(*, name: str | None = None, max_retries: object = DEFAULT_MAX_RETRIES,
-         registry: TaskRegistry | None = None
+         registry: TaskRegistry | None = None, inline: bool = False,
+         timeout: float | None = None
          ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
 
 
 def task(function: Callable[P, R] | None = None, /, *, name: str | None = None,
-         max_retries: object = DEFAULT_MAX_RETRIES, registry: TaskRegistry | None = None
+         max_retries: object = DEFAULT_MAX_RETRIES, registry: TaskRegistry | None = None,
+         inline: bool = False, timeout: float | None = None
          ) -> TaskFunction[P, R] | Callable[[Callable[P, R]], TaskFunction[P, R]]:
-    """Make a function (plain or ``async``) a task: ``@task`` or ``@task(name=..., max_retries=...)``."""
+    """Make a function (plain or ``async``) a task: ``@task`` or ``@task(name=...,
+    max_retries=..., inline=..., timeout=...)``."""
     def wrap(fn: Callable[P, R]) -> TaskFunction[P, R]:
-        return TaskFunction(fn, _task_class_for(fn, name, max_retries, registry))
+        return TaskFunction(fn, _task_class_for(fn, name, max_retries, registry, inline,
+                                                timeout))
 
     return wrap if function is None else wrap(function)
 

@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""The queue runtime's execution control (issue #18), each row against a baseline of the same run.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_runtime.py [--smoke] [--only ROW[,ROW]] [--json-out FILE]
+
+Rows:
+
+- ``delayed``: a ``Disk`` holding N delayed tasks (N = 100,000; its WAL's own memory is the
+  baseline), then a ``Queue`` started on it, which replays every one into its timers. Printed:
+  the memory the queue adds above the WAL (tracemalloc, Python allocations), per task, and the
+  time ``stop()`` takes (in a second run without tracemalloc, which slows every free); next to them, the design the timer heap replaced, measured in the same
+  run: one asyncio task per delayed task sleeping on the clock (its memory, and the time to
+  cancel and reap them). Targets: <= 50 MB above the WAL and ``stop()`` <= 0.5 s (Q-36).
+- ``concurrency``: N immediate async no-op tasks through ``aenqueue`` and ``wait_idle`` on a
+  crash-safe ``Disk``, with the default ``max_concurrency`` against the same run with a limit
+  above N (nothing ever waits for a slot): the overhead of the limit; target <= 5 %.
+- ``sync_pool``: N plain (sync) no-op tasks run in the thread pool (the default) against the
+  same tasks run inline on the loop (``inline=True``): what the pool costs per task.
+
+The repetitions of each row alternate its two sides; ratios are medians of per-repetition
+ratios. Only ratios of one run mean anything. One JSON line per run goes to ``--json-out``
+(default ``benchmarks/runtime.jsonl``; do not commit it). See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime as dt
+import gc
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import ClassVar, Final
+
+from deferq import Queue, Task, TaskRegistry
+from deferq.backends import Disk
+from deferq._runtime.clock import SystemClock
+
+REGISTRY: Final = TaskRegistry()
+MB: Final = 1024 * 1024
+DELAYED_TARGET_BYTES: Final = 50 * MB
+STOP_TARGET_S: Final = 0.5
+CONCURRENCY_TARGET: Final = 1.05
+DEFAULT_JSON_OUT: Final = os.path.join(os.path.dirname(__file__), "runtime.jsonl")
+
+
+class Later(Task, name="bench.later", registry=REGISTRY):
+    """A delayed task of the ``delayed`` row (it never runs: the delay is a day)."""
+
+    def perform(self, number: int) -> None:
+        raise AssertionError("a delayed task of the benchmark ran")
+
+
+class AsyncNoop(Task, name="bench.async_noop", registry=REGISTRY):
+    done: ClassVar[int] = 0
+
+    async def perform(self, number: int) -> None:
+        AsyncNoop.done += 1
+
+
+class PoolNoop(Task, name="bench.pool_noop", registry=REGISTRY):
+    done: ClassVar[int] = 0
+
+    def perform(self, number: int) -> None:
+        PoolNoop.done += 1
+
+
+class InlineNoop(Task, name="bench.inline_noop", registry=REGISTRY, inline=True):
+    done: ClassVar[int] = 0
+
+    def perform(self, number: int) -> None:
+        InlineNoop.done += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    delayed: int
+    concurrency: int
+    sync_pool: int
+    reps: int
+
+
+FULL: Final = Sizes(delayed=100_000, concurrency=20_000, sync_pool=5_000, reps=5)
+SMOKE: Final = Sizes(delayed=300, concurrency=200, sync_pool=100, reps=2)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- delayed
+
+
+def _traced() -> int:
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
+
+
+async def _delayed_queue(path: str, n: int) -> dict[str, float]:
+    """WAL memory, the queue's memory above it, and stop()'s time, for n delayed tasks."""
+    before = _traced()
+    disk = Disk(path=path)
+    try:
+        now = int(time.time())
+        payload = b'{"v":1,"task":"bench.later","args":[%d],"kwargs":{},"attempts":0}'
+        for number in range(n):
+            disk.add_task(payload % number, now + 86_400, sync=False)
+        disk.sync()
+        wal = _traced() - before
+        queue = Queue(disk, registry=REGISTRY)
+        await queue.start()
+        if queue.delayed != n:
+            raise AssertionError(f"delayed: {queue.delayed} of {n} tasks hold a timer")
+        extra = _traced() - before - wal
+        start = time.perf_counter()
+        await queue.stop()
+        stop_s = time.perf_counter() - start
+        if len(disk.pending_tasks()) != n:
+            raise AssertionError("delayed: stop() lost tasks")
+    finally:
+        disk.close()
+    return {"wal_bytes": wal, "extra_bytes": extra, "stop_s": stop_s}
+
+
+async def _task_per_timer(n: int) -> dict[str, float]:
+    """The replaced design: one asyncio task sleeping on the clock per delayed task."""
+    clock = SystemClock()
+    before = _traced()
+    contexts: list[tuple[object, ...]] = [("bench.later", (number,), {}, 0)
+                                          for number in range(n)]
+
+    async def wait_then_run(context: tuple[object, ...]) -> None:
+        await clock.sleep(86_400)
+        raise AssertionError(f"a timer fired: {context}")
+
+    loop = asyncio.get_running_loop()
+    timers = {loop.create_task(wait_then_run(c)) for c in contexts}
+    await asyncio.sleep(0)  # every task reaches its sleep
+    extra = _traced() - before
+    start = time.perf_counter()
+    for timer in timers:
+        timer.cancel()
+    await asyncio.gather(*timers, return_exceptions=True)
+    stop_s = time.perf_counter() - start
+    return {"extra_bytes": extra, "stop_s": stop_s}
+
+
+def row_delayed(sizes: Sizes, scratch: str) -> dict[str, object]:
+    """Memory under tracemalloc; the stop times again without it (it slows every free)."""
+    n = sizes.delayed
+    path = os.path.join(scratch, "delayed")
+    tracemalloc.start()
+    try:
+        queue = asyncio.run(_delayed_queue(path, n))
+        old = asyncio.run(_task_per_timer(n))
+    finally:
+        tracemalloc.stop()
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        queue["stop_s"] = asyncio.run(_delayed_queue(path, n))["stop_s"]
+        old["stop_s"] = asyncio.run(_task_per_timer(n))["stop_s"]
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+    meets = queue["extra_bytes"] <= DELAYED_TARGET_BYTES * n / FULL.delayed and (
+        queue["stop_s"] <= STOP_TARGET_S)
+    print(f"delayed tasks ({n:,}): WAL {queue['wal_bytes'] / MB:.1f} MB; queue timers "
+          f"+{queue['extra_bytes'] / MB:.1f} MB ({queue['extra_bytes'] / n:.0f} B/task), "
+          f"stop {queue['stop_s'] * 1000:.0f} ms | one asyncio task per timer: "
+          f"+{old['extra_bytes'] / MB:.1f} MB, cancel {old['stop_s'] * 1000:.0f} ms | "
+          f"memory {queue['extra_bytes'] / old['extra_bytes']:.2f}x, stop "
+          f"{queue['stop_s'] / old['stop_s']:.2f}x of the old design | target <= 50 MB per "
+          f"100k and stop <= 0.5 s: {'meets' if meets else 'misses'}", flush=True)
+    return {"key": "delayed", "n": n, "queue": queue, "task_per_timer": old,
+            "verdict": "meets" if meets else "misses"}
+
+
+# ----------------------------------------------------------------------------- executions
+
+
+async def _run_n(path: str, cls: type[Task], n: int, max_concurrency: int | None = None
+                 ) -> float:
+    disk = Disk(path=path)
+    try:
+        queue = (Queue(disk, registry=REGISTRY) if max_concurrency is None
+                 else Queue(disk, registry=REGISTRY, max_concurrency=max_concurrency))
+        await queue.start()
+        start = time.perf_counter()
+        for number in range(n):
+            await queue.aenqueue(cls, number)
+        await queue.wait_idle()
+        elapsed = time.perf_counter() - start
+        await queue.stop()
+        if disk.pending_tasks():
+            raise AssertionError(f"{cls.task_name}: tasks left pending")
+    finally:
+        disk.close()
+        shutil.rmtree(path, ignore_errors=True)
+    return elapsed / n
+
+
+def _alternate(sizes: Sizes, sides: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for rep in range(sizes.reps):
+        for name in names[rep % 2:] + names[:rep % 2]:
+            times[name].append(sides[name]())
+        log(f"  rep {rep + 1}: " + ", ".join(f"{k} {v[-1] * 1e6:.1f} us" for k, v in times.items()))
+    return times
+
+
+def _ratio(times: dict[str, list[float]], top: str, bottom: str) -> float:
+    return statistics.median(a / b for a, b in zip(times[top], times[bottom], strict=True))
+
+
+def row_concurrency(sizes: Sizes, scratch: str) -> dict[str, object]:
+    n = sizes.concurrency
+    path = os.path.join(scratch, "concurrency")
+
+    def bounded() -> float:
+        AsyncNoop.done = 0
+        per_task = asyncio.run(_run_n(path, AsyncNoop, n))
+        if AsyncNoop.done != n:
+            raise AssertionError(f"concurrency: {AsyncNoop.done} of {n} ran")
+        return per_task
+
+    def unbounded() -> float:
+        return asyncio.run(_run_n(path, AsyncNoop, n, max_concurrency=n + 1))
+
+    times = _alternate(sizes, {"bounded": bounded, "unlimited": unbounded})
+    ratio = _ratio(times, "bounded", "unlimited")
+    verdict = "meets" if ratio <= CONCURRENCY_TARGET else "misses"
+    print(f"async tasks ({n:,}), default max_concurrency vs a limit never reached: "
+          f"{statistics.median(times['bounded']) * 1e6:.1f} vs "
+          f"{statistics.median(times['unlimited']) * 1e6:.1f} us/task, ratio {ratio:.3f} | "
+          f"target <= {CONCURRENCY_TARGET:.2f}: {verdict}", flush=True)
+    return {"key": "concurrency", "n": n, "times": times, "ratio": ratio, "verdict": verdict}
+
+
+def row_sync_pool(sizes: Sizes, scratch: str) -> dict[str, object]:
+    n = sizes.sync_pool
+    path = os.path.join(scratch, "sync_pool")
+
+    def pool() -> float:
+        PoolNoop.done = 0
+        per_task = asyncio.run(_run_n(path, PoolNoop, n))
+        if PoolNoop.done != n:
+            raise AssertionError(f"sync_pool: {PoolNoop.done} of {n} ran")
+        return per_task
+
+    def inline() -> float:
+        return asyncio.run(_run_n(path, InlineNoop, n))
+
+    times = _alternate(sizes, {"pool": pool, "inline": inline})
+    ratio = _ratio(times, "pool", "inline")
+    print(f"plain tasks ({n:,}) in the thread pool vs inline on the loop: "
+          f"{statistics.median(times['pool']) * 1e6:.1f} vs "
+          f"{statistics.median(times['inline']) * 1e6:.1f} us/task, ratio {ratio:.2f} "
+          f"(no target: the price of not blocking the loop)", flush=True)
+    return {"key": "sync_pool", "n": n, "times": times, "ratio": ratio}
+
+
+ROWS: Final[dict[str, Callable[[Sizes, str], dict[str, object]]]] = {
+    "delayed": row_delayed, "concurrency": row_concurrency, "sync_pool": row_sync_pool,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="deferq runtime benchmarks (issue #18)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: only checks it runs")
+    parser.add_argument("--only", default=",".join(ROWS), help=f"rows: {', '.join(ROWS)}")
+    parser.add_argument("--dir", default=None, help="where the scratch directory goes")
+    parser.add_argument("--json-out", default=DEFAULT_JSON_OUT)
+    args = parser.parse_args(argv)
+    names = [name for name in args.only.split(",") if name]
+    unknown = [name for name in names if name not in ROWS]
+    if unknown or not names:
+        parser.error(f"unknown row(s) {unknown}; the rows are {', '.join(ROWS)}")
+    sizes = SMOKE if args.smoke else FULL
+    scratch = tempfile.mkdtemp(prefix="deferq-bench-", dir=args.dir)
+    rows = []
+    try:
+        for name in names:
+            log(f"== {name}")
+            rows.append(ROWS[name](sizes, scratch))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    record = {"timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "kind": "runtime", "mode": "smoke" if args.smoke else "full",
+              "loadavg": os.getloadavg(), "rows": rows}
+    with open(args.json_out, "a", encoding="utf-8") as out:
+        out.write(json.dumps(record) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""``Queue.cancel``: take back a task this queue holds (spec/queue.md Q-40).
+
+Rules:
+- A task not begun (delayed, waiting for a slot, due in the run-soon batch, or an asyncio
+  task that has not taken its first step) never begins.
+- A running execution's asyncio task is cancelled: an async perform is interrupted; a
+  plain perform in the pool cannot be (its thread runs on). ``cancel`` waits at most
+  ``STOP_GRACE_S`` on the clock for it to end, as ``stop`` does (Q-35).
+- Either way no outcome of the execution is ever written (no retry, no give-up, no
+  removal: the ``cancelled`` mark the executor checks), and ``cancel`` itself removes the
+  task from the WAL and logs it. Anything else (an unknown id, a task already finished, a
+  queue not running) is False and changes nothing.
+
+Theory of operation: the scheduler withdraws what has not begun; the executor's ``jobs``
+says whether a running asyncio task took its first step (one that did not is only marked,
+and ends at its first step without running).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from deferq._runtime.clock import Clock
+from deferq._runtime.executor import Executor
+from deferq._runtime.journal import Journal
+from deferq._runtime.scheduler import STOP_GRACE_S, Scheduler
+
+log = logging.getLogger("deferq.queue")
+
+
+class Canceller:
+    """Cancels one task of a running queue (Q-40)."""
+
+    def __init__(self, scheduler: Scheduler, executor: Executor, journal: Journal,
+                 clock: Clock) -> None:
+        self._scheduler = scheduler
+        self._executor = executor
+        self._journal = journal
+        self._clock = clock
+
+    async def cancel(self, task_id: str) -> bool:
+        """Implements Q-40: True when ``task_id`` was held here and is now cancelled."""
+        if not isinstance(task_id, str):
+            raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
+        scheduler = self._scheduler
+        if not scheduler.running:
+            return False
+        where = scheduler.withdraw(task_id)
+        if where is None:
+            job = scheduler.job_of(task_id)
+            if job is None:
+                return False
+            where = "running"
+            scheduler.cancelled.add(task_id)
+            if self._executor.jobs.get(task_id) is job:
+                job.cancel()
+                if await self._ended(job):
+                    scheduler.cancelled.discard(task_id)
+            # else: it has not taken its first step; it ends there without running.
+        self._journal.remove(task_id)
+        log.info("deferred task %s cancelled (it was %s); removed from the WAL", task_id, where)
+        return True
+
+    async def _ended(self, job: asyncio.Task[None]) -> bool:
+        """Wait at most ``STOP_GRACE_S`` on the clock for a cancelled job; whether it ended."""
+        grace = asyncio.ensure_future(self._clock.sleep(STOP_GRACE_S))
+        try:
+            await asyncio.wait((job, grace), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            grace.cancel()
+        if job.done() and not job.cancelled():
+            job.exception()  # retrieved: the outcome is not recorded
+        return job.done()

@@ -1,0 +1,47 @@
+"""Smoke test of benchmarks/bench_runtime.py (the execution-control rows of issue #18).
+
+Goal: the runtime benchmark cannot rot: with ``--smoke`` (tiny sizes) it runs every row
+against the current API and appends one JSON line whose rows carry positive numbers.
+Method: run it as a command into a temporary JSON file; the numbers are not judged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "bench_runtime.py"
+
+
+def positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.spec("Q-36", "Q-37", "Q-38")
+def test_smoke_run_reports_every_row_with_positive_numbers(tmp_path: Path) -> None:
+    out = tmp_path / "runtime.jsonl"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--dir", str(tmp_path),
+                           "--json-out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = out.read_text(encoding="utf-8").splitlines()
+    record = json.loads(line)
+    rows = {row["key"]: row for row in record["rows"]}
+    assert set(rows) == {"delayed", "concurrency", "sync_pool"}
+    delayed = rows["delayed"]
+    for side in ("queue", "task_per_timer"):
+        assert positive(delayed[side]["extra_bytes"]) and positive(delayed[side]["stop_s"])
+    assert positive(delayed["queue"]["wal_bytes"])
+    for key in ("concurrency", "sync_pool"):
+        assert positive(rows[key]["ratio"]), key
+        assert all(positive(t) for side in rows[key]["times"].values() for t in side), key
+    assert "delayed tasks" in done.stdout and "thread pool" in done.stdout
+    assert not list(tmp_path.glob("deferq-bench-*")), "the scratch directory was left behind"
