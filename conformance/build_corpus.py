@@ -445,7 +445,7 @@ def field_cases() -> list[CaseDef]:
     ]
     return [
         CaseDef("fields-edge-values", one_wal(wal_data, dead_data)),
-        # Inside the grammar (F-6: up to 20 digits; F-10/F-12: integers >= 0, no upper bound)
+        # Inside the grammar (F-6: up to 20 digits; F-10/F-17: integers >= 0, no upper bound)
         # but past 64 bits: a reader that parses into a fixed-width integer fails here.
         CaseDef("fields-integers-beyond-64-bits", one_wal(
             add("p-max-20-digits", b"p", 99999999999999999999) + add("p-2^64", b"p", 2**64),

@@ -212,7 +212,7 @@ def _refuse(text: str) -> object:
 
 
 def decode_dead(task_id: str, payload: bytes) -> dict[str, object] | None:
-    """F-11 and F-12's limits: the JSON object, or None (R-@G)."""
+    """F-11 and F-17's limits: the JSON object, or None (R-@G)."""
     try:
         obj: object = json.loads(payload.decode("utf-8"), object_pairs_hook=_pairs,
                                  parse_float=_refuse, parse_constant=_refuse)

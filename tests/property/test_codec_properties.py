@@ -50,7 +50,7 @@ task_ids = st.one_of(
 )
 contexts = st.binary(max_size=32)
 publish_ats = st.none() | st.integers(1, 10**20 - 1)
-# Text fields: any characters except surrogates (refused by F-12, see the last test).
+# Text fields: any characters except surrogates (refused by F-17, see the last test).
 texts = st.text(st.characters(codec="utf-8"), max_size=24)
 wal_records = st.one_of(
     st.builds(WalAdd, task_ids, publish_ats, contexts),
@@ -199,7 +199,7 @@ def test_file_names_of_one_prefix_are_never_claimed_by_another(
         assert not is_wal_file_name(other, dead_name)
 
 
-@pytest.mark.spec("F-11", "F-12")
+@pytest.mark.spec("F-11", "F-17")
 def test_text_with_lone_surrogates_is_refused_by_the_codec_limits() -> None:
     """JSON would join a lone high and low surrogate into one character on decode, so the
     format refuses text that is not UTF-8 encodable (the backend escapes it first)."""

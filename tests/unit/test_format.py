@@ -1,7 +1,7 @@
 """Unit tests of the record codec and file names (src/deferq/_core/: frame, taskid,
 walcodec, deadcodec, names; spec/format.md).
 
-Goal: every validity rule of F-4..F-12 and every file-name rule of F-1/F-9 is pinned by
+Goal: every validity rule of F-4..F-17 and every file-name rule of F-1/F-9 is pinned by
 an example at and just past its boundary, and every damaged line maps to the right row
 of the recovery table (R-@B, R-@C, R-@D, R-@G). Method: build lines with the codec's own
 ``frame`` (so the CRC is valid and only the rule under test is broken) or by hand, and
@@ -327,10 +327,10 @@ def test_check_task_id_names_the_argument() -> None:
         check_task_id("", argument="id")
 
 
-# ----------------------------------------------------------------------------- id seeds (W-5, F-12)
+# ----------------------------------------------------------------------------- id seeds (W-5, F-17)
 
 
-@pytest.mark.spec("W-5", "F-12")
+@pytest.mark.spec("W-5", "F-17")
 @pytest.mark.parametrize(("task_id", "seed"), [
     ("1700000000-42-1", 1700000000),
     ("0-1-1", 0),
@@ -493,7 +493,7 @@ def test_dead_payload_with_a_duplicated_key_is_bad_dead_payload() -> None:
     assert decode_payload(b'{"id":"b",' + text[1:-1] + b"}") == BAD_DEAD_PAYLOAD
 
 
-@pytest.mark.spec("F-11", "F-12", "R-@G")
+@pytest.mark.spec("F-11", "F-17", "R-@G")
 def test_dead_payload_fields_past_their_limits_are_bad_dead_payload() -> None:
     over = [
         dead_json(task_class="x" * (TASK_CLASS_BYTES_MAX + 1)),
@@ -513,10 +513,10 @@ def test_dead_payload_fields_past_their_limits_are_bad_dead_payload() -> None:
         assert isinstance(decode_payload(compact(obj)), DeadTask)
 
 
-# ----------------------------------------------------------------------------- dead-task limits (F-12)
+# ----------------------------------------------------------------------------- dead-task limits (F-17)
 
 
-@pytest.mark.spec("F-12")
+@pytest.mark.spec("F-17")
 def test_dead_problem_accepts_every_field_at_its_limit() -> None:
     task = dead_task(
         task_class="\u00e9" * (TASK_CLASS_BYTES_MAX // 2),
@@ -529,7 +529,7 @@ def test_dead_problem_accepts_every_field_at_its_limit() -> None:
     assert dead_problem(task) is None
 
 
-@pytest.mark.spec("F-12", "F-5", "F-8")
+@pytest.mark.spec("F-17", "F-5", "F-8")
 @pytest.mark.parametrize(("changes", "problem"), [
     ({"id": ""}, "id"),
     ({"id": "a:b"}, "id"),

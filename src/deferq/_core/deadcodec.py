@@ -1,11 +1,11 @@
-"""PURE: the dead-task store's record, ``dead_task`` (spec/format.md F-10..F-12).
+"""PURE: the dead-task store's record, ``dead_task`` (spec/format.md F-10..F-17).
 
 Theory of operation: a body is ``dead_task:{id}:{json}``, the JSON one object
 with exactly the ``DEAD_FIELDS`` keys in order, ASCII-escaped, its context in
 canonical base64 (F-10); it is framed by frame.py's rule. Decoding is in two
 steps so a reader can index lines by id without parsing JSON: ``decode_dead_line``
 checks the frame and splits out the id, ``decode_dead_payload`` parses and checks
-the object (F-11) against the limits of ``dead_problem`` (F-12).
+the object (F-11) against the limits of ``dead_problem`` (F-17).
 
 Each direction has a definition and a fast path that must agree with it:
 ``_encode_dead_json`` and ``_decode_dead_exact`` follow the spec step by step;
@@ -65,7 +65,7 @@ class DeadLine:
 
 
 def dead_problem(task: DeadTask) -> str | None:
-    """Say which field of a dead task is outside the format's limits, or None (F-12)."""
+    """Say which field of a dead task is outside the format's limits, or None (F-17)."""
     problem = task_id_problem(task.id)
     if problem is not None:
         return f"id {problem}"
@@ -189,13 +189,13 @@ def decode_dead_record(task_id: str, payload: bytes) -> DeadTask | BadLine:
 
 
 def _decode_dead_fast(line_id: str, payload: bytes) -> DeadTask | None:
-    """The task ``_decode_dead_exact`` would return, or None when not sure (F-11, F-12).
+    """The task ``_decode_dead_exact`` would return, or None when not sure (F-11, F-17).
 
     Sure means: the payload is UTF-8 that starts with ``{`` and is one JSON object
     ending at the payload's end, whose pairs have exactly the F-10 keys in order (so no
     key repeats), with F-11's types and ``id`` equal to the line's; every string is
     ASCII (``str.isascii`` is O(1): then there is no surrogate, and as many UTF-8 bytes
-    as characters); the context is canonical base64; and every F-12 limit is met. The
+    as characters); the context is canonical base64; and every F-17 limit is met. The
     id is checked again (cheaply, as the ASCII string it is): a ``DeadLine`` built by
     hand need not hold a valid one. Measured per record: the JSON scan, the base64
     decode, the DeadTask and the checks here cost about 3 : 1 : 1 : 1.

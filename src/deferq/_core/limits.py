@@ -13,11 +13,14 @@ from typing import Final
 WAL_STORAGE_VERSION: Final = "0"
 DEAD_STORAGE_VERSION: Final = "0"
 
+# --- Integers the format stores: what a reader with signed 64-bit integers holds.
+INT_FIELD_MAX: Final = 2**63 - 1
+
 # --- Identifiers (F-5).
 TASK_ID_BYTES_MAX: Final = 256
 TASK_CLASS_BYTES_MAX: Final = 1024
 
-# --- Record sizes (F-8, F-12).
+# --- Record sizes (F-8, F-17).
 CONTEXT_BYTES_MAX: Final = 4 * 1024 * 1024
 EXCEPTION_CLASS_CHARS_MAX: Final = 1024
 EXCEPTION_MESSAGE_CHARS_MAX: Final = 64 * 1024

@@ -39,6 +39,7 @@ from deferq._core.errors import QueueStateError, TaskNotRegisteredError
 from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.backpressure import Backpressure
 from deferq._runtime.clock import Clock, SystemClock
+from deferq._runtime.ctxfields import enqueue_time
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.executor import Executor
 from deferq._runtime.journal import Journal
@@ -195,7 +196,8 @@ class Queue:
         if self.registry.get(cls.task_name) is not cls:
             raise TaskNotRegisteredError(
                 f"task {cls.task_name!r} is not registered in this queue's registry")
-        context = Context(cls.task_name, args, kwargs, 0)
+        # Implements Q-65: the record keeps when the task was first enqueued.
+        context = Context(cls.task_name, args, kwargs, 0, None, enqueue_time(self.clock.time()))
         return self.codec.encode(context), context, cls
 
     def _timing(self, delay: object, delay_until: object) -> tuple[int | None, int | None]:

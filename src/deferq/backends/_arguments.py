@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from deferq._core.errors import LimitExceededError
-from deferq._core.limits import CONTEXT_BYTES_MAX, TASK_CLASS_BYTES_MAX
+from deferq._core.limits import CONTEXT_BYTES_MAX, INT_FIELD_MAX, TASK_CLASS_BYTES_MAX
 from deferq._core.taskid import check_task_id
 
 
@@ -46,8 +46,10 @@ def check_count(name: str, value: object, *, allow_none: bool) -> int | None:
 
 
 def check_dead_task(task_id: object, context: object, exception: object, task_class: object,
-                    attempts: object) -> tuple[str, bytes, BaseException, str, int]:
-    """The arguments of ``add_dead_task``, checked (C-7): id, context, exception, class, attempts."""
+                    attempts: object, enqueued_at: object = None
+                    ) -> tuple[str, bytes, BaseException, str, int, int | None]:
+    """The arguments of ``add_dead_task``, checked (C-7, C-23): id, context, exception, class,
+    attempts and the time the task was first enqueued (None: not known)."""
     tid = check_task_id(task_id)
     data = check_context(context)
     if not isinstance(exception, BaseException):
@@ -59,7 +61,12 @@ def check_dead_task(task_id: object, context: object, exception: object, task_cl
         raise LimitExceededError(f"task_class must be at most {TASK_CLASS_BYTES_MAX} bytes")
     count = check_count("attempts", attempts, allow_none=False)
     assert count is not None
-    return tid, data, exception, task_class, count
+    # Implements C-23: an epoch second the format can store (F-17).
+    first = check_count("enqueued_at", enqueued_at, allow_none=True)
+    if first is not None and first > INT_FIELD_MAX:
+        raise ValueError(f"enqueued_at {first} is larger than {INT_FIELD_MAX}, the largest "
+                         f"integer a dead-task record holds")
+    return tid, data, exception, task_class, count, first
 
 
 def check_ids(ids: object) -> set[str]:

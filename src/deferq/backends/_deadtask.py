@@ -1,8 +1,8 @@
 """The dead task a backend stores for a task that gave up: the exception's class, message and
-backtrace, clipped to the format's limits (spec/format.md F-10, F-12).
+backtrace, clipped to the format's limits (spec/format.md F-10, F-17).
 
 Rules: pure functions of the exception and the arguments (already checked by the caller);
-the result satisfies F-12 or a ``ValueError`` says which limit it breaks.
+the result satisfies F-17 or a ``ValueError`` says which limit it breaks.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ _TRUNCATED = "...[truncated]"
 
 
 def _clip(text: str, limit: int) -> str:
-    """Escape lone surrogates (F-12 text is UTF-8) and cut to ``limit`` characters."""
+    """Escape lone surrogates (F-17 text is UTF-8) and cut to ``limit`` characters."""
     if not text.isascii():  # ASCII (the usual case) has no surrogates to escape
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else text[: limit - len(_TRUNCATED)] + _TRUNCATED
 
 
 def task_class_name(text: str) -> str:
-    """``text`` as a dead task's ``task_class`` (F-12, Q-31): lone surrogates escaped, and cut to
+    """``text`` as a dead task's ``task_class`` (F-17, Q-31): lone surrogates escaped, and cut to
     ``TASK_CLASS_BYTES_MAX`` UTF-8 bytes at a character boundary, marked as cut.
 
     For a name read from a record that could not be loaded: any text it holds is stored,
@@ -70,22 +70,26 @@ def exception_backtrace(exception: BaseException) -> tuple[str, ...]:
 
 
 def dead_task_for(task_id: str, context: bytes, exception: BaseException, task_class: str,
-                  attempts: int, failed_at: int) -> DeadTask:
-    """The dead task ``Disk.add_dead_task`` stores, checked against F-12.
+                  attempts: int, failed_at: int, enqueued_at: int | None = None) -> DeadTask:
+    """The dead task ``Disk.add_dead_task`` stores, checked against F-17.
+
+    ``enqueued_at`` is when the task was first enqueued, as the caller knows it; None
+    stores the id's seed instead (F-17), which is all a caller without it can give.
 
     The arguments passed ``add_dead_task``'s checks (a valid id, a context and a
     non-empty ``task_class`` within their limits, ``attempts`` >= 0).
 
     Raises:
-        ValueError: the task breaks an F-12 limit (a lone surrogate in ``task_class``,
+        ValueError: the task breaks an F-17 limit (a lone surrogate in ``task_class``,
             a clock before the epoch).
     """
     task = dead_task_of(  # DeadTask(id=task_id, task_class=task_class, ...), cheaper (F-10)
-        task_id, task_class, attempts, id_seed(task_id), failed_at,
+        task_id, task_class, attempts, id_seed(task_id) if enqueued_at is None else enqueued_at,
+        failed_at,
         exception_class_name(exception),
         _clip(_safe_str(exception), EXCEPTION_MESSAGE_CHARS_MAX),
         exception_backtrace(exception), context)
-    # F-12 holds by construction when task_class is ASCII and the clock is past the epoch:
+    # F-17 holds by construction when task_class is ASCII and the clock is past the epoch:
     # the id, context, task_class and attempts were checked by the caller, enqueued_at is
     # id_seed's (>= 0), and the exception's class, message and frames are cut to their
     # limits with every lone surrogate escaped (_clip, exception_backtrace); a property

@@ -154,11 +154,11 @@ class Disk:
 
     # --- dead-task store
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
-                      task_class: str, attempts: int) -> str:
+                      task_class: str, attempts: int, enqueued_at: int | None = None) -> str:
         """Durably record a task that gave up; return its id (S-4, D-7)."""
-        tid, data, error, name, count = check_dead_task(task_id, context, exception, task_class,
-                                                        attempts)
-        task = dead_task_for(tid, data, error, name, count, int(self._env.time()))
+        tid, data, error, name, count, first = check_dead_task(
+            task_id, context, exception, task_class, attempts, enqueued_at)
+        task = dead_task_for(tid, data, error, name, count, int(self._env.time()), first)
         return self._dead.add(task)
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
