@@ -16,6 +16,10 @@ DEAD_STORAGE_VERSION: Final = "0"
 # --- Integers the format stores: what a reader with signed 64-bit integers holds.
 INT_FIELD_MAX: Final = 2**63 - 1
 
+# --- A task's metadata in its context record: entries, and UTF-8 bytes of keys and values.
+META_ITEMS_MAX: Final = 16
+META_BYTES_MAX: Final = 4096
+
 # --- Identifiers (F-5).
 TASK_ID_BYTES_MAX: Final = 256
 TASK_CLASS_BYTES_MAX: Final = 1024

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
+from deferq._core.ctxmeta import context_meta
+
 
 class PendingTask(NamedTuple):
     """A task in a worker's WAL that has not been removed (W-7)."""
@@ -37,6 +39,11 @@ class DeadTask:
     exception_message: str
     backtrace: tuple[str, ...]
     context: bytes
+
+    @property
+    def meta(self) -> dict[str, str]:
+        """The task's metadata (Q-66): read from its context, ``{}`` when it has none."""
+        return context_meta(self.context)
 
 
 _DEAD_TASK_FIELDS = ("id", "task_class", "attempts", "enqueued_at", "failed_at",

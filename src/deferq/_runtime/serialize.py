@@ -6,7 +6,8 @@ Rules (Q-5, Q-6; pickle: Q-18, Q-34 at the end of this module):
   (a list), ``kwargs`` (an object) and ``attempts`` (failed executions so far,
   an int >= 0), then, only for a task deferred with a unique key, ``key`` (a
   non-empty str, Q-53), and ``enqueued_at`` (the epoch second the task was first
-  enqueued, Q-65; ctxfields.py has the optional fields). Key order and separators are
+  enqueued, Q-65) and ``meta`` (the task's metadata, Q-66; ctxfields.py has the
+  optional fields). Key order and separators are
   fixed, so equal records encode to equal bytes.
 - Encoding is strict: only ``None``, ``bool``, ``int``, ``float`` (finite),
   ``str``, ``list`` and ``dict`` with ``str`` keys are accepted, because those
@@ -62,10 +63,12 @@ class Context(NamedTuple):
     attempts: int = 0
     key: str | None = None  # the unique key (Q-53), kept by every retry
     enqueued_at: int | None = None  # when first enqueued (Q-65), kept by every retry
+    meta: dict[str, str] | None = None  # the task's metadata (Q-66), kept by every retry
 
     def with_attempts(self, attempts: int) -> Context:
         """The same record with another attempts count."""
-        return Context(self.task, self.args, self.kwargs, attempts, self.key, self.enqueued_at)
+        return Context(self.task, self.args, self.kwargs, attempts, self.key, self.enqueued_at,
+                       self.meta)
 
 
 def _check_value(value: object, where: str, depth: int = 0) -> None:
@@ -163,7 +166,8 @@ def _encode_scalars(context: Context) -> str | None:
     (and every keyword a plain ``str``), else None: the same text ``_FAST_DUMPS`` writes,
     built without a dict, a list and the encoder's per-item calls."""
     args = _scalars_json(context.args)
-    if args is None or type(context.attempts) is not int or context.key is not None:
+    if (args is None or type(context.attempts) is not int or context.key is not None
+            or context.meta is not None):
         return None
     enqueued_at = context.enqueued_at
     if enqueued_at is None:
@@ -209,7 +213,7 @@ def encode_context(context: Context) -> bytes:
     record: dict[str, object] = {
         "v": CONTEXT_VERSION, "task": context.task, "args": list(context.args),
         "kwargs": context.kwargs, "attempts": context.attempts}
-    put_extras(record, context.key, context.enqueued_at)
+    put_extras(record, context.key, context.enqueued_at, context.meta)
     text = _FAST_DUMPS(record)
     try:
         return text.encode("utf-8")
@@ -358,7 +362,7 @@ class ContextCodec:
         record: tuple[object, ...] = (CONTEXT_VERSION, context.task, tuple(context.args),
                                       dict(context.kwargs), context.attempts)
         # Implements Q-53 and Q-65 for a pickled context.
-        record += pickled_extras(context.key, context.enqueued_at)
+        record += pickled_extras(context.key, context.enqueued_at, context.meta)
         try:
             body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - pickling can fail with any exception
@@ -375,7 +379,7 @@ class ContextCodec:
         record: dict[str, object] = {"v": TAGGED_CONTEXT_VERSION, "task": context.task,
                                      "args": args, "kwargs": kwargs,
                                      "attempts": context.attempts}
-        put_extras(record, context.key, context.enqueued_at)
+        put_extras(record, context.key, context.enqueued_at, context.meta)
         try:
             return _dumps(record).encode("utf-8")
         except UnicodeEncodeError as exc:
