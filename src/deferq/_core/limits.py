@@ -30,6 +30,9 @@ EXCEPTION_CLASS_CHARS_MAX: Final = 1024
 EXCEPTION_MESSAGE_CHARS_MAX: Final = 64 * 1024
 BACKTRACE_FRAMES_MAX: Final = 20
 BACKTRACE_FRAME_CHARS_MAX: Final = 4096
+# The exception chain in the backtrace (F-18): chained exceptions kept, frames kept of each.
+CHAIN_EXCEPTIONS_MAX: Final = 4
+CHAIN_FRAMES_MAX: Final = 2
 # A line longer than this is damage (R-@E): no record deferq writes can reach it.
 LINE_BYTES_MAX: Final = 8 * 1024 * 1024
 
@@ -94,6 +97,9 @@ assert (
     + 2 * TASK_ID_BYTES_MAX + 1024
     < LINE_BYTES_MAX
 )
+# The chain's lines (a header and frames per chained exception) leave the exception's own
+# frames most of the backtrace (F-18).
+assert CHAIN_EXCEPTIONS_MAX * (1 + CHAIN_FRAMES_MAX) < BACKTRACE_FRAMES_MAX
 assert WAL_SIZE_INCREASE_RATIO > 1.0
 assert 0 < FSYNC_FREQUENCY_MIN_S < DEFAULT_FSYNC_FREQUENCY_S <= FSYNC_FREQUENCY_MAX_S
 assert PREFIX_BYTES_MAX == 226

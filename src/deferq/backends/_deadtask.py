@@ -1,5 +1,5 @@
 """The dead task a backend stores for a task that gave up: the exception's class, message and
-backtrace, clipped to the format's limits (spec/format.md F-10, F-17).
+backtrace with its chain, clipped to the format's limits (spec/format.md F-10, F-17, F-18).
 
 Rules: pure functions of the exception and the arguments (already checked by the caller);
 the result satisfies F-17 or a ``ValueError`` says which limit it breaks.
@@ -11,6 +11,8 @@ from deferq._core.deadcodec import dead_problem
 from deferq._core.limits import (
     BACKTRACE_FRAME_CHARS_MAX,
     BACKTRACE_FRAMES_MAX,
+    CHAIN_EXCEPTIONS_MAX,
+    CHAIN_FRAMES_MAX,
     EXCEPTION_CLASS_CHARS_MAX,
     EXCEPTION_MESSAGE_CHARS_MAX,
     TASK_CLASS_BYTES_MAX,
@@ -52,7 +54,45 @@ def exception_class_name(exception: BaseException) -> str:
 
 
 def exception_backtrace(exception: BaseException) -> tuple[str, ...]:
-    """The frames nearest the raise, outermost first, at most BACKTRACE_FRAMES_MAX (F-10)."""
+    """The backtrace of F-17 and F-18: the frames nearest the raise, outermost first, then
+    for each exception of its chain a header line and that exception's frames nearest its
+    raise, at most BACKTRACE_FRAMES_MAX lines in all."""
+    chain = _chain(exception)
+    if not chain:  # the usual case: no cause, no context
+        return _frames(exception, BACKTRACE_FRAMES_MAX)
+    tail: list[str] = []
+    for label, link in chain:
+        # Implements F-18: "[cause] " or "[context] ", then the class and message.
+        tail.append(_clip(f"[{label}] {exception_class_name(link)}: {_safe_str(link)}",
+                          BACKTRACE_FRAME_CHARS_MAX))
+        tail.extend(_frames(link, CHAIN_FRAMES_MAX))
+    return _frames(exception, BACKTRACE_FRAMES_MAX - len(tail)) + tuple(tail)
+
+
+def _chain(exception: BaseException) -> list[tuple[str, BaseException]]:
+    """The exceptions chained to ``exception`` as Python prints them, nearest first: its
+    ``__cause__``, else its ``__context__`` unless suppressed; at most CHAIN_EXCEPTIONS_MAX,
+    and each exception once (a chain can loop)."""
+    seen = {id(exception)}
+    chain: list[tuple[str, BaseException]] = []
+    current = exception
+    while len(chain) < CHAIN_EXCEPTIONS_MAX:
+        if current.__cause__ is not None:
+            label, link = "cause", current.__cause__
+        elif current.__context__ is not None and not current.__suppress_context__:
+            label, link = "context", current.__context__
+        else:
+            break
+        if id(link) in seen:
+            break
+        seen.add(id(link))
+        chain.append((label, link))
+        current = link
+    return chain
+
+
+def _frames(exception: BaseException, count: int) -> tuple[str, ...]:
+    """The ``count`` frames of ``exception``'s traceback nearest the raise, outermost first."""
     # The traceback chain walked by hand (what traceback.walk_tb yields, without its
     # generator; no source-line lookups as extract_tb does): part of every give-up.
     links = []
@@ -61,7 +101,7 @@ def exception_backtrace(exception: BaseException) -> tuple[str, ...]:
         links.append(tb)
         tb = tb.tb_next
     frames = []
-    for tb in links[-BACKTRACE_FRAMES_MAX:]:
+    for tb in links[-count:] if count > 0 else ():
         code = tb.tb_frame.f_code
         text = f"{code.co_filename}:{tb.tb_lineno}:in {code.co_name}"
         frames.append(text if len(text) <= BACKTRACE_FRAME_CHARS_MAX and text.isascii()
