@@ -445,11 +445,18 @@ def field_cases() -> list[CaseDef]:
     ]
     return [
         CaseDef("fields-edge-values", one_wal(wal_data, dead_data)),
-        # Inside the grammar (F-6: up to 20 digits; F-10/F-17: integers >= 0, no upper bound)
-        # but past 64 bits: a reader that parses into a fixed-width integer fails here.
+        # Inside F-6's grammar (up to 20 digits) but past 2**63 - 1 (F-19): the WAL adds do not
+        # parse (R-@D) and the dead records do not decode (R-@G); 2**63 - 1 itself is read
+        # (fields-edge-values).
         CaseDef("fields-integers-beyond-64-bits", one_wal(
-            add("p-max-20-digits", b"p", 99999999999999999999) + add("p-2^64", b"p", 2**64),
-            dline("beyond", attempts=2**64, enqueued_at=10**30, failed_at=2**64 + 1))),
+            frame(b"add:p-max-20-digits:99999999999999999999:cA==")
+            + frame(b"add:p-2^64:%d:cA==" % 2**64) + frame(b"add:p-2^63:%d:cA==" % 2**63)
+            + add("kept", b"p", 2**63 - 1),
+            dead_payload("beyond", compact_json(payload_with("beyond", attempts=2**64)))
+            + dead_payload("t-2^63", compact_json(payload_with("t-2^63", failed_at=2**63)))
+            + dead_payload("e-10^30", compact_json(payload_with("e-10^30", enqueued_at=10**30)))
+            + dline("kept", attempts=2**63 - 1)),
+            wal_damage={"R-@D": 3}, dead_damage={"R-@G": 3}),
         CaseDef("dead-f11-payloads-that-decode", store({}, b"".join(
             dead_payload(name, payload) for name, payload in accepted))),
         CaseDef("fields-context-64k", one_wal(

@@ -35,6 +35,7 @@ from deferq._core.limits import (
     CONTEXT_BYTES_MAX,
     EXCEPTION_CLASS_CHARS_MAX,
     EXCEPTION_MESSAGE_CHARS_MAX,
+    INT_FIELD_MAX,
     LINE_BYTES_MAX,  # The post-condition of encode_dead names it; CrossHair reads it here.
     TASK_CLASS_BYTES_MAX,
     TASK_ID_BYTES_MAX,
@@ -82,6 +83,11 @@ def dead_problem(task: DeadTask) -> str | None:
         return "attempts must be >= 0"
     if task.enqueued_at < 0 or task.failed_at < 0:
         return "times must be >= 0"
+    # Implements F-19: what a reader with 64-bit integers holds.
+    if task.attempts > INT_FIELD_MAX:
+        return f"attempts must be at most {INT_FIELD_MAX}"
+    if task.enqueued_at > INT_FIELD_MAX or task.failed_at > INT_FIELD_MAX:
+        return f"times must be at most {INT_FIELD_MAX}"
     if len(task.exception_class) > EXCEPTION_CLASS_CHARS_MAX:
         return f"exception_class must be at most {EXCEPTION_CLASS_CHARS_MAX} characters"
     if len(task.exception_message) > EXCEPTION_MESSAGE_CHARS_MAX:
@@ -221,7 +227,8 @@ def _decode_dead_fast(line_id: str, payload: bytes) -> DeadTask | None:
             and 0 < len(task_id) <= TASK_ID_BYTES_MAX and ":" not in task_id
             and "\n" not in task_id and "\0" not in task_id
             and 0 < len(task_class) <= TASK_CLASS_BYTES_MAX
-            and attempts >= 0 and enqueued_at >= 0 and failed_at >= 0
+            and 0 <= attempts <= INT_FIELD_MAX and 0 <= enqueued_at <= INT_FIELD_MAX
+            and 0 <= failed_at <= INT_FIELD_MAX
             and len(exc_class) <= EXCEPTION_CLASS_CHARS_MAX
             and len(exc_msg) <= EXCEPTION_MESSAGE_CHARS_MAX
             and len(trace) <= BACKTRACE_FRAMES_MAX

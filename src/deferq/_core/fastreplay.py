@@ -42,7 +42,9 @@ _SEED_PREFIX: Final = itemgetter(slice(0, SEED_DIGITS_MAX + 1))  # holds any see
 _SELECT_ADD: Final = bytes(1 if c == 0x61 else 0 for c in range(256))  # translate: 'a' -> 1
 _SELECT_REM: Final = bytes(1 if c == 0x72 else 0 for c in range(256))  # translate: 'r' -> 1
 _CRC_TYPE: Final = next(t for t in "IL" if array(t).itemsize == 4)  # 32-bit unsigned items
-_PUBLISH_AT_DIGITS_MAX: Final = 20  # F-6, as in walcodec._decode_publish_at
+# F-6 and F-19: every decimal of at most 18 digits is within 2**63 - 1; a longer one (up to
+# 19 digits can still be) is left to walcodec._decode_publish_at, the exact rule.
+_PUBLISH_AT_DIGITS_MAX: Final = 18
 _REM_CRC: Final = zlib.crc32(b"rem:")  # a rem body is "rem:" and the id (F-7)
 
 
@@ -221,7 +223,8 @@ class FastWalReplay:
                 if not (
                     0 < len(task_id) <= TASK_ID_BYTES_MAX
                     and (task_id.isascii() or raw_id_ok(task_id))
-                    and (when == b"0" or (when.isdigit() and when[0] != 0x30 and len(when) <= 20))
+                    and (when == b"0" or (when.isdigit() and when[0] != 0x30
+                                          and len(when) <= _PUBLISH_AT_DIGITS_MAX))
                     and ((not len(payload) & 3 and not payload.translate(None, _B64_ALPHABET))
                          or canonical_base64(payload))
                 ):

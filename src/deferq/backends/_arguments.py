@@ -61,11 +61,14 @@ def check_dead_task(task_id: object, context: object, exception: object, task_cl
         raise LimitExceededError(f"task_class must be at most {TASK_CLASS_BYTES_MAX} bytes")
     count = check_count("attempts", attempts, allow_none=False)
     assert count is not None
+    if count > INT_FIELD_MAX:  # Implements F-19 at the call.
+        raise ValueError(f"attempts must be at most {INT_FIELD_MAX} (2**63 - 1), the largest "
+                         f"integer a dead-task record holds")
     # Implements C-23: an epoch second the format can store (F-17).
     first = check_count("enqueued_at", enqueued_at, allow_none=True)
     if first is not None and first > INT_FIELD_MAX:
-        raise ValueError(f"enqueued_at {first} is larger than {INT_FIELD_MAX}, the largest "
-                         f"integer a dead-task record holds")
+        raise ValueError(f"enqueued_at must be at most {INT_FIELD_MAX} (2**63 - 1), the "
+                         f"largest integer a dead-task record holds")
     return tid, data, exception, task_class, count, first
 
 

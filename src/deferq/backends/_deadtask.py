@@ -15,6 +15,7 @@ from deferq._core.limits import (
     CHAIN_FRAMES_MAX,
     EXCEPTION_CLASS_CHARS_MAX,
     EXCEPTION_MESSAGE_CHARS_MAX,
+    INT_FIELD_MAX,
     TASK_CLASS_BYTES_MAX,
 )
 from deferq._core.taskid import id_seed
@@ -134,7 +135,7 @@ def dead_task_for(task_id: str, context: bytes, exception: BaseException, task_c
     # id_seed's (>= 0), and the exception's class, message and frames are cut to their
     # limits with every lone surrogate escaped (_clip, exception_backtrace); a property
     # test checks it. Only the other cases pay for dead_problem's full walk.
-    if not (task_class.isascii() and failed_at >= 0):
+    if not (task_class.isascii() and 0 <= failed_at <= INT_FIELD_MAX):
         problem = dead_problem(task)
         if problem is not None:
             raise ValueError(f"dead task {task_id!r} cannot be stored: {problem}")
