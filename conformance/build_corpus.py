@@ -89,7 +89,7 @@ def rem(task_id: str) -> bytes:
 
 
 def marker(pid: int = 4242, seed: int = T0) -> bytes:
-    """The seed marker a fresh copy starts with (W-5): a rem of an id that is never pending."""
+    """The seed marker a fresh copy starts with (W-28): a rem of an id that is never pending."""
     return rem(f"{seed}-{pid}-0")
 
 

@@ -857,12 +857,12 @@ def test_exception_class_is_module_and_qualname_or_the_bare_builtin_name(
     assert names["long"].startswith(f"{long_class.__module__}.CCC")
 
 
-@pytest.mark.spec("F-17")
+@pytest.mark.spec("F-17", "W-28")
 def test_enqueued_at_is_the_ids_leading_integer_and_failed_at_the_wall_clock(
         storage: Path) -> None:
     clock = ManualClock(wall=1_700_000_123.9)
-    cases = {"1700000001-42-7": 1_700_000_001, "plain": 0, "1234567890123-x": 0, "12x-1": 0,
-             "999999999999": 999_999_999_999}
+    cases = {"1700000001-42-7": 1_700_000_001, "plain": 0, "1234567890123-x": 1234567890123,
+             "12x-1": 0, "999999999999": 999_999_999_999, f"{2**63}-x": 0}
     with open_disk(storage, RecordingEnv(clock)) as disk:
         for task_id in cases:
             add(disk, task_id)

@@ -330,17 +330,20 @@ def test_check_task_id_names_the_argument() -> None:
         check_task_id("", argument="id")
 
 
-# ----------------------------------------------------------------------------- id seeds (W-5, F-17)
+# ----------------------------------------------------------------------------- id seeds (W-28, F-17)
 
 
-@pytest.mark.spec("W-5", "F-17")
+@pytest.mark.spec("W-28", "F-17")
 @pytest.mark.parametrize(("task_id", "seed"), [
     ("1700000000-42-1", 1700000000),
     ("0-1-1", 0),
     ("7-x", 7),
     ("007-x", 7),
     ("9" * 12 + "-1-1", 10**12 - 1),
-    ("1" * 13 + "-1-1", 0),  # more than 12 digits does not count
+    ("1" * 13 + "-1-1", int("1" * 13)),  # every seed a 64-bit reader holds counts (W-28)
+    (f"{2**63 - 1}-x", 2**63 - 1),
+    (f"{2**63}-x", 0),  # above what a 64-bit reader holds: not a seed
+    ("9" * 19 + "-x", 0),
     ("9" * 20 + "-x", 0),
     ("abc", 0),
     ("-5", 0),
@@ -352,16 +355,16 @@ def test_check_task_id_names_the_argument() -> None:
     ("\u00b2-1", 0),  # superscript two passes str.isdigit but is not ASCII
     ("\uff11-1", 0),  # fullwidth one
 ])
-def test_id_seed_is_the_leading_one_to_twelve_ascii_digits_before_the_first_dash(
+def test_id_seed_is_the_leading_run_of_ascii_digits_up_to_2_to_the_63_minus_1(
         task_id: str, seed: int) -> None:
     assert id_seed(task_id) == seed
 
 
-@pytest.mark.spec("W-5")
+@pytest.mark.spec("W-28")
 def test_id_seed_of_an_id_without_a_dash_reads_the_whole_id() -> None:
     # Implemented reading of "before the first '-'": with no '-', the whole id is the head.
     assert id_seed("123") == 123
-    assert id_seed("1" * 13) == 0
+    assert id_seed("1" * 20) == 0
 
 
 # ----------------------------------------------------------------------------- dead-task records (F-10, F-11)

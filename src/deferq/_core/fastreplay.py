@@ -24,7 +24,7 @@ from typing import Final
 
 from deferq._core.b64 import canonical_base64
 from deferq._core.frame import BadLine, LineFault
-from deferq._core.limits import LINE_BYTES_MAX, TASK_ID_BYTES_MAX
+from deferq._core.limits import INT_FIELD_MAX, LINE_BYTES_MAX, TASK_ID_BYTES_MAX
 from deferq._core.recovery import ChunkLines, RawLine, WalReplay, line_body
 from deferq._core.taskid import SEED_DIGITS_MAX, id_seed, raw_id_ok
 from deferq._core.walcodec import WalAdd, decode_wal_line
@@ -242,14 +242,14 @@ class FastWalReplay:
                 slow(line)
                 continue
             records += 1
-            # W-5: id_seed on the raw bytes, skipped for an id sharing "{seed}-" with one of
+            # W-28: id_seed on the raw bytes, skipped for an id sharing "{seed}-" with one of
             # the last two ids computed (typically the newest adds and the oldest removes).
             if not (task_id.startswith(seed_prefix) or task_id.startswith(older_prefix)):
                 dash = task_id.find(b"-")
                 head = task_id if dash < 0 else task_id[:dash]
                 if len(head) <= SEED_DIGITS_MAX and head.isdigit():
                     seed = int(head)
-                    if seed > seed_max:
+                    if seed_max < seed <= INT_FIELD_MAX:
                         seed_max = seed
                 older_prefix = seed_prefix
                 seed_prefix = task_id[:dash + 1] if dash > 0 else b"\n"
@@ -317,7 +317,7 @@ def _crc_fields(lines: list[bytes], rem_crc: int | None = None) -> bytes:
 
 
 def _seed_max(ids: list[bytes]) -> int:
-    """The largest ``id_seed`` of ``ids`` (W-5), computed on the raw bytes.
+    """The largest ``id_seed`` of ``ids`` (W-28), computed on the raw bytes.
 
     When the smallest and the largest id share "{head}-", every id between them
     does too, so one head settles it; otherwise each distinct prefix that can
@@ -337,5 +337,8 @@ def _id_head(prefix: bytes) -> bytes:
 
 
 def _head_seed(head: bytes) -> int:
-    """``id_seed`` of an id whose part before its first '-' is ``head`` (W-5)."""
-    return int(head) if 0 < len(head) <= SEED_DIGITS_MAX and head.isdigit() else 0
+    """``id_seed`` of an id whose part before its first '-' is ``head`` (W-28)."""
+    if 0 < len(head) <= SEED_DIGITS_MAX and head.isdigit():
+        seed = int(head)
+        return seed if seed <= INT_FIELD_MAX else 0
+    return 0

@@ -48,8 +48,11 @@ WAL_SIZE_INCREASE_RATIO: Final = 1.5
 # has no size to commit, measured ~30% cheaper than one after an append on ext4.
 WAL_RESERVE_BYTES: Final = 1024 * 1024
 
-# --- Task-id seed (W-5): the seed advances by one per elapsed second of the monotonic clock.
+# --- Task-id seed (W-28): the seed advances by one per elapsed second of the monotonic clock.
 SEED_TICK_S: Final = 1.0
+# The largest seed a caller's id may carry (C-24): generated seeds start at most one above
+# it and then need 2**62 seconds to pass INT_FIELD_MAX, the largest a reader parses (W-28).
+SEED_CALLER_MAX: Final = 2**62
 
 # --- Dead-task store lock (L-2, L-3).
 LOCK_ATTEMPTS_MAX: Final = 20
@@ -100,6 +103,7 @@ assert (
 # The chain's lines (a header and frames per chained exception) leave the exception's own
 # frames most of the backtrace (F-18).
 assert CHAIN_EXCEPTIONS_MAX * (1 + CHAIN_FRAMES_MAX) < BACKTRACE_FRAMES_MAX
+assert SEED_CALLER_MAX < INT_FIELD_MAX
 assert WAL_SIZE_INCREASE_RATIO > 1.0
 assert 0 < FSYNC_FREQUENCY_MIN_S < DEFAULT_FSYNC_FREQUENCY_S <= FSYNC_FREQUENCY_MAX_S
 assert PREFIX_BYTES_MAX == 226

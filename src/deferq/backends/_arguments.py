@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from deferq._core.errors import LimitExceededError
 from deferq._core.limits import CONTEXT_BYTES_MAX, INT_FIELD_MAX, TASK_CLASS_BYTES_MAX
-from deferq._core.taskid import check_task_id
+from deferq._core.taskid import caller_id_problem, check_task_id
 
 
 def check_context(context: object) -> bytes:
@@ -32,6 +32,16 @@ def check_publish_at(publish_at: object) -> int | None:
     if publish_at >= 10**18:
         raise ValueError(f"publish_at {publish_at!r} is beyond any plausible epoch second")
     return publish_at
+
+
+def check_caller_id(task_id: object) -> str:
+    """An id a caller gives ``add_task``: valid (F-5) and with a seed that leaves generated
+    ids room to grow (C-24)."""
+    tid = check_task_id(task_id)
+    problem = caller_id_problem(tid)
+    if problem is not None:
+        raise ValueError(f"invalid task_id {tid!r}: it {problem}")
+    return tid
 
 
 def check_count(name: str, value: object, *, allow_none: bool) -> int | None:

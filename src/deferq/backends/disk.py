@@ -33,6 +33,7 @@ from deferq._engine.env import Cancel, Env
 from deferq._engine.osenv import OS_ENV
 from deferq._engine.wal import TasksWal
 from deferq.backends._arguments import (
+    check_caller_id,
     check_context,
     check_dead_task,
     check_ids,
@@ -110,7 +111,7 @@ class Disk:
         else:
             data = check_context(context)
         when = None if publish_at is None else check_publish_at(publish_at)
-        tid = None if task_id is None else check_task_id(task_id)
+        tid = None if task_id is None else check_caller_id(task_id)
         if sync is not True and sync is not False:
             raise ValueError(f"sync must be a bool, not {type(sync).__name__}")
         return self._wal.add(data, when, tid, sync)

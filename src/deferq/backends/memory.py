@@ -28,6 +28,7 @@ from deferq._core.errors import StorageClosedError
 from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask, PendingTask
 from deferq.backends._arguments import (
+    check_caller_id,
     check_context,
     check_dead_task,
     check_ids,
@@ -69,7 +70,7 @@ class Memory:
                  task_id: str | None = None, *, sync: bool = True) -> str:
         data = check_context(context)
         when = check_publish_at(publish_at)
-        tid = None if task_id is None else check_task_id(task_id)
+        tid = None if task_id is None else check_caller_id(task_id)
         if sync is not True and sync is not False:
             raise ValueError(f"sync must be a bool, not {type(sync).__name__}")
         with self._lock:
