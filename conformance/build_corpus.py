@@ -443,6 +443,13 @@ def field_cases() -> list[CaseDef]:
             b'{"id":"escaped"', b'{"\\u0069d":"\\u0065scaped"').replace(b"/", b"\\/")),
         ("whitespace-around", b" \t" + compact_json(payload_with("whitespace-around")) + b"\t "),
     ]
+    queue_context = (b'{"v":1,"task":"billing.Charge","args":[42],"kwargs":{},"attempts":3,'
+                     b'"enqueued_at":%d,"meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736'
+                     b'-00f067aa0ba902b7-01"}}' % (T0 - 120))
+    chain_trace = ("app/tasks.py:12:in perform", "app/billing.py:88:in charge",
+                   "[cause] KeyError: 'card'", "app/billing.py:80:in charge",
+                   "app/store.py:7:in lookup",
+                   "[context] ConnectionError: reset", "app/store.py:5:in lookup")
     return [
         CaseDef("fields-edge-values", one_wal(wal_data, dead_data)),
         # Inside F-6's grammar (up to 20 digits) but past 2**63 - 1 (F-19): the WAL adds do not
@@ -459,6 +466,15 @@ def field_cases() -> list[CaseDef]:
             wal_damage={"R-@D": 3}, dead_damage={"R-@G": 3}),
         CaseDef("dead-f11-payloads-that-decode", store({}, b"".join(
             dead_payload(name, payload) for name, payload in accepted))),
+        # Spec 1.1 in records whose layout is unchanged: a queue's context with enqueued_at
+        # and meta (Q-65, Q-66), a dead record whose enqueued_at is that time (F-17), before
+        # its failed_at, and whose backtrace carries the exception chain (F-18); ids with
+        # seeds of 13 and 19 digits (W-28).
+        CaseDef("fields-spec-1-1-records", one_wal(
+            add("1000000000000-1-1", queue_context) + add(f"{2**62 + 1}-1-1", queue_context)
+            + add(f"{2**63 - 1}-x", b"", 2**63 - 1),
+            dline("1000000000000-1-2", enqueued_at=T0 - 120, failed_at=T0, context=queue_context,
+                  backtrace=chain_trace))),
         CaseDef("fields-context-64k", one_wal(
             add("big", bytes((i * 7919) % 251 for i in range(65536))),
             dline("big", context=bytes((i * 31) % 256 for i in range(65536))))),
