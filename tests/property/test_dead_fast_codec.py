@@ -53,7 +53,7 @@ ascii_tasks = st.builds(
     id=st.text(st.characters(codec="ascii", exclude_characters=":\n\x00"), min_size=1,
                max_size=40),
     task_class=st.text(ASCII, min_size=1, max_size=24),
-    attempts=st.integers(0, 2**70),
+    attempts=st.integers(0, 2**63 - 1),
     enqueued_at=st.integers(0, 10**12 - 1),
     failed_at=st.integers(0, 2**40),
     exception_class=st.text(ASCII, max_size=24),
