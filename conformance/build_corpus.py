@@ -89,7 +89,7 @@ def rem(task_id: str) -> bytes:
 
 
 def marker(pid: int = 4242, seed: int = T0) -> bytes:
-    """The seed marker a fresh copy starts with (W-5): a rem of an id that is never pending."""
+    """The seed marker a fresh copy starts with (W-28): a rem of an id that is never pending."""
     return rem(f"{seed}-{pid}-0")
 
 
@@ -443,15 +443,38 @@ def field_cases() -> list[CaseDef]:
             b'{"id":"escaped"', b'{"\\u0069d":"\\u0065scaped"').replace(b"/", b"\\/")),
         ("whitespace-around", b" \t" + compact_json(payload_with("whitespace-around")) + b"\t "),
     ]
+    queue_context = (b'{"v":1,"task":"billing.Charge","args":[42],"kwargs":{},"attempts":3,'
+                     b'"enqueued_at":%d,"meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736'
+                     b'-00f067aa0ba902b7-01"}}' % (T0 - 120))
+    chain_trace = ("app/tasks.py:12:in perform", "app/billing.py:88:in charge",
+                   "[cause] KeyError: 'card'", "app/billing.py:80:in charge",
+                   "app/store.py:7:in lookup",
+                   "[context] ConnectionError: reset", "app/store.py:5:in lookup")
     return [
         CaseDef("fields-edge-values", one_wal(wal_data, dead_data)),
-        # Inside the grammar (F-6: up to 20 digits; F-10/F-12: integers >= 0, no upper bound)
-        # but past 64 bits: a reader that parses into a fixed-width integer fails here.
+        # Inside F-6's grammar (up to 20 digits) but past 2**63 - 1 (F-19): the WAL adds do not
+        # parse (R-@D) and the dead records do not decode (R-@G); 2**63 - 1 itself is read
+        # (fields-edge-values).
         CaseDef("fields-integers-beyond-64-bits", one_wal(
-            add("p-max-20-digits", b"p", 99999999999999999999) + add("p-2^64", b"p", 2**64),
-            dline("beyond", attempts=2**64, enqueued_at=10**30, failed_at=2**64 + 1))),
+            frame(b"add:p-max-20-digits:99999999999999999999:cA==")
+            + frame(b"add:p-2^64:%d:cA==" % 2**64) + frame(b"add:p-2^63:%d:cA==" % 2**63)
+            + add("kept", b"p", 2**63 - 1),
+            dead_payload("beyond", compact_json(payload_with("beyond", attempts=2**64)))
+            + dead_payload("t-2^63", compact_json(payload_with("t-2^63", failed_at=2**63)))
+            + dead_payload("e-10^30", compact_json(payload_with("e-10^30", enqueued_at=10**30)))
+            + dline("kept", attempts=2**63 - 1)),
+            wal_damage={"R-@D": 3}, dead_damage={"R-@G": 3}),
         CaseDef("dead-f11-payloads-that-decode", store({}, b"".join(
             dead_payload(name, payload) for name, payload in accepted))),
+        # Spec 1.1 in records whose layout is unchanged: a queue's context with enqueued_at
+        # and meta (Q-65, Q-66), a dead record whose enqueued_at is that time (F-17), before
+        # its failed_at, and whose backtrace carries the exception chain (F-18); ids with
+        # seeds of 13 and 19 digits (W-28).
+        CaseDef("fields-spec-1-1-records", one_wal(
+            add("1000000000000-1-1", queue_context) + add(f"{2**62 + 1}-1-1", queue_context)
+            + add(f"{2**63 - 1}-x", b"", 2**63 - 1),
+            dline("1000000000000-1-2", enqueued_at=T0 - 120, failed_at=T0, context=queue_context,
+                  backtrace=chain_trace))),
         CaseDef("fields-context-64k", one_wal(
             add("big", bytes((i * 7919) % 251 for i in range(65536))),
             dline("big", context=bytes((i * 31) % 256 for i in range(65536))))),

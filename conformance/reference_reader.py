@@ -45,6 +45,7 @@ EXCEPTION_CLASS_CHARS_MAX = 1024
 EXCEPTION_MESSAGE_CHARS_MAX = 65_536
 BACKTRACE_FRAMES_MAX = 20
 BACKTRACE_FRAME_CHARS_MAX = 4096
+INT_FIELD_MAX = 2**63 - 1  # F-19: every integer a record stores
 HEX = frozenset(b"0123456789abcdef")
 DIGITS = frozenset(b"0123456789")
 BASE36 = frozenset(b"0123456789abcdefghijklmnopqrstuvwxyz")
@@ -100,6 +101,8 @@ def parse_wal_body(body: bytes) -> tuple[str, str, bytes] | None:
         if task_id is None or not set(when) <= DIGITS or not 1 <= len(when) <= 20:
             return None
         if when != b"0" and when.startswith(b"0"):
+            return None
+        if int(when) > INT_FIELD_MAX:
             return None
         if canonical_b64(parts[3]) is None:
             return None
@@ -212,7 +215,7 @@ def _refuse(text: str) -> object:
 
 
 def decode_dead(task_id: str, payload: bytes) -> dict[str, object] | None:
-    """F-11 and F-12's limits: the JSON object, or None (R-@G)."""
+    """F-11 and F-17's limits: the JSON object, or None (R-@G)."""
     try:
         obj: object = json.loads(payload.decode("utf-8"), object_pairs_hook=_pairs,
                                  parse_float=_refuse, parse_constant=_refuse)
@@ -225,8 +228,8 @@ def decode_dead(task_id: str, payload: bytes) -> dict[str, object] | None:
     numbers = [obj[k] for k in ("attempts", "enqueued_at", "failed_at")]
     frames = obj["backtrace"]
     if (not all(isinstance(v, str) for v in texts)
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                       for v in numbers)
+            or not all(isinstance(v, int) and not isinstance(v, bool)
+                       and 0 <= v <= INT_FIELD_MAX for v in numbers)
             or not isinstance(frames, list) or not all(isinstance(f, str) for f in frames)):
         return None
     line_id, task_class, exception_class, message, context_text = (str(v) for v in texts)

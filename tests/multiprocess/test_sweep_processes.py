@@ -176,6 +176,7 @@ def test_two_live_services_sweeping_one_directory_never_both_run_a_task(storage:
         stop(first, second)
     print(f"{batch} hand-off files: {len(ran['first'])} tasks ran in one service, "
           f"{len(ran['second'])} in the other")
-    assert ran["first"] and ran["second"], "both services must have adopted some files"
+    # Which service adopts which file is the scheduler's choice: under load one service can
+    # win every flock, so only "each task once" is asserted, not that both took a share.
     assert sorted(ran["first"] + ran["second"]) == sorted(expected), \
         "each task runs exactly once, in one service"

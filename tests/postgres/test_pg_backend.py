@@ -370,3 +370,20 @@ def test_postgres_has_every_member_of_the_protocols_with_their_signatures() -> N
             assert [(p.name, p.kind, p.default) for p in params[:len(want)]] == want, name
             assert all(p.kind is p.KEYWORD_ONLY and p.default is not p.empty
                        for p in params[len(want):]), name
+
+
+@pytest.mark.spec("C-23", "F-17")
+def test_a_dead_task_keeps_when_its_task_was_first_enqueued(db: Postgres) -> None:
+    """The give-up's ``enqueued_at`` is stored, not the id's seed; without it, the seed."""
+    first = db.add_task(b"first")
+    second = db.add_task(b"second")
+    db.add_dead_task(first, b"first", failure(), task_class="Charge", attempts=1,
+                     enqueued_at=1_700_000_000)
+    db.add_dead_task(second, b"second", failure(), task_class="Charge", attempts=1)
+    kept = db.find_dead_task(first)
+    fallback = db.find_dead_task(second)
+    assert kept is not None and kept.enqueued_at == 1_700_000_000
+    assert fallback is not None and fallback.enqueued_at != 1_700_000_000
+    with pytest.raises(ValueError, match="enqueued_at"):
+        db.add_dead_task(second, b"x", failure(), task_class="Charge", attempts=1,
+                         enqueued_at=2**63)

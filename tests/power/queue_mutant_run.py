@@ -22,10 +22,12 @@ _real_add_dead = ReportingQueueDisk.add_dead_task
 
 
 def _early_add_dead(self: ReportingQueueDisk, task_id: str, context: bytes,
-                    exception: BaseException, *, task_class: str, attempts: int) -> str:
+                    exception: BaseException, *, task_class: str, attempts: int,
+                    enqueued_at: int | None = None) -> str:
     """BROKEN on purpose: returns before the dead-task record is written."""
     threading.Thread(target=_real_add_dead, args=(self, task_id, context, exception),
-                     kwargs={"task_class": task_class, "attempts": attempts}).start()
+                     kwargs={"task_class": task_class, "attempts": attempts,
+                             "enqueued_at": enqueued_at}).start()
     return task_id
 
 

@@ -4,7 +4,7 @@ Goal: prove the real engine against the real kernel, where the simulation only
 proves the design against a model: no acknowledged-and-synced task is lost, no
 task is invented, every file stays readable, recovery plus one add leaves
 everything clean, and work continues (spec/durability.md D-1..D-4, D-7, D-9,
-D-12, D-13, W-5); and the engine fails loudly, never reporting success, when
+D-12, D-13, W-28); and the engine fails loudly, never reporting success, when
 fsync or write fail on real syscalls (D-10, W-12, W-13, S-4, S-5).
 
 Method: the CI tier runs ``python -m deferq power-test`` (the code behind
@@ -78,7 +78,7 @@ def _queue_figures(stdout: str) -> dict[str, int]:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.spec("D-1", "D-2", "D-3", "D-4", "D-6", "D-7", "D-9", "D-12", "D-13", "W-3", "W-4",
-                  "W-5", "Q-3", "Q-8", "Q-9", "Q-33", "Q-20", "Q-22")
+                  "W-28", "Q-3", "Q-8", "Q-9", "Q-33", "Q-20", "Q-22")
 @pytest.mark.parametrize(("workers", "share"), CI_RUNS, ids=[w for w, _ in CI_RUNS])
 def test_power_cuts_and_kills_lose_nothing_acknowledged(workers: str, share: float) -> None:
     problem = missing_requirements()

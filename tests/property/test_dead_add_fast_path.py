@@ -1,6 +1,6 @@
-"""Property tests of ``add_dead_task``'s shortcut past ``dead_problem`` (F-12, C-7).
+"""Property tests of ``add_dead_task``'s shortcut past ``dead_problem`` (F-17, C-7).
 
-Goal: ``dead_task_for`` (the task ``Disk.add_dead_task`` stores) skips the full F-12 walk
+Goal: ``dead_task_for`` (the task ``Disk.add_dead_task`` stores) skips the full F-17 walk
 when ``task_class`` is ASCII and the clock is past the epoch; the shortcut must never let
 through a task that the walk would refuse, and must build the same task. Method: Hypothesis
 draws the arguments that pass ``add_dead_task``'s own checks, with exceptions of any class
@@ -77,7 +77,7 @@ def built_step_by_step(task_id: str, context: bytes, exception: BaseException,
         exception_backtrace(exception), context)
 
 
-@pytest.mark.spec("F-12", "C-7")
+@pytest.mark.spec("F-17", "C-7")
 @settings(max_examples=300, deadline=None)
 @given(task_id=task_ids, context=st.binary(max_size=16), exception=exceptions(),
        task_class=st.text(min_size=1, max_size=8) | st.just("app.Task"),
@@ -102,7 +102,7 @@ def test_the_shortcut_past_dead_problem_never_lets_a_refused_task_through(
             dead_task_for(task_id, context, exception, task_class, attempts, failed_at)
 
 
-@pytest.mark.spec("F-12", "C-7")
+@pytest.mark.spec("F-17", "C-7")
 def test_a_lone_surrogate_in_task_class_or_a_clock_before_the_epoch_is_refused() -> None:
     exc = RuntimeError("x")
     with pytest.raises(ValueError, match="lone surrogates"):

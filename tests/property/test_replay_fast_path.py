@@ -1,9 +1,9 @@
-"""The replay fast path gives exactly the strict replay's outcome (W-16, R-@A..R-@K, W-5).
+"""The replay fast path gives exactly the strict replay's outcome (W-16, R-@A..R-@K, W-28).
 
 Goal: ``FastWalReplay`` (the path every ``Disk`` open takes) must agree with ``WalReplay``
 (the recovery table applied line by line) on every input, damaged or not: the same pending
 tasks in the same order with the same lines and publish times, the same damage counts per
-row of the table, the same largest seed (W-5) and the same number of valid records. Method:
+row of the table, the same largest seed (W-28) and the same number of valid records. Method:
 Hypothesis draws files as mixes of valid ``add`` / ``rem`` records (ids that collide, seeds,
 non-ASCII ids, publish times), damage of every kind (garbage, torn and truncated records,
 zero-filled holes in front of records, empty lines, CRC-valid records whose body breaks one
@@ -181,7 +181,7 @@ def assert_same_outcome(files: list[tuple[bytes, list[int]]]) -> None:
     assert got.records == strict.records
 
 
-@pytest.mark.spec("W-16", "R-@A", "R-@B", "R-@C", "R-@D", "R-@F", "R-@I", "R-@J", "R-@K", "W-5")
+@pytest.mark.spec("W-16", "R-@A", "R-@B", "R-@C", "R-@D", "R-@F", "R-@I", "R-@J", "R-@K", "W-28")
 @settings(max_examples=600, deadline=None)
 @given(st.lists(wal_file(), min_size=1, max_size=3))
 def test_the_fast_path_replays_any_files_exactly_like_the_strict_replay(
@@ -189,7 +189,7 @@ def test_the_fast_path_replays_any_files_exactly_like_the_strict_replay(
     assert_same_outcome(files)
 
 
-@pytest.mark.spec("W-16", "R-@A", "R-@B", "R-@C", "R-@D", "R-@I", "R-@J", "W-5",
+@pytest.mark.spec("W-16", "R-@A", "R-@B", "R-@C", "R-@D", "R-@I", "R-@J", "W-28",
                   "F-5", "F-6", "F-7")
 @settings(max_examples=800, deadline=None)
 @given(st.lists(mostly_valid_file(), min_size=1, max_size=2))

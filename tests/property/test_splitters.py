@@ -184,5 +184,5 @@ def test_every_prefix_of_a_log_replays_to_a_prefix_of_its_records(
         assert state.records == complete
         torn = len(data) > (ends[complete - 1] if complete else 0)
         assert state.faults == ({LineFault.TORN_TAIL: 1} if torn else {})
-        # W-5: every valid record's id counts (rem markers carry the seed across rotation).
+        # W-28: every valid record's id counts (rem markers carry the seed across rotation).
         assert state.seed_max == max((id_seed(op[1]) for op in log_ops[:complete]), default=0)

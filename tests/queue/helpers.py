@@ -120,7 +120,8 @@ class RecordingBackend:
         self._log("sync")
 
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
-                      task_class: str, attempts: int) -> str:
+                      task_class: str, attempts: int,
+                      enqueued_at: int | None = None) -> str:
         self._log("add_dead_task:start", task_id)
         if self.before_dead_write is not None:
             self.before_dead_write()
@@ -128,7 +129,8 @@ class RecordingBackend:
             self._log("add_dead_task:failed", task_id)
             raise self.dead_error
         self.dead[task_id] = DeadTask(
-            id=task_id, task_class=task_class, attempts=attempts, enqueued_at=0,
+            id=task_id, task_class=task_class, attempts=attempts,
+            enqueued_at=0 if enqueued_at is None else enqueued_at,
             failed_at=self.now, exception_class=type(exception).__name__,
             exception_message=str(exception), backtrace=(), context=bytes(context))
         self._log("add_dead_task:done", task_id)

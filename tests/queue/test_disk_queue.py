@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import deferq
 from deferq._runtime.serialize import Context, decode_context, encode_context
 from deferq.backends import Disk
-from tests.queue.helpers import DrivenClock, run
+from tests.queue.helpers import START, DrivenClock, run
 
 REG = deferq.TaskRegistry()
 RUNS: list[tuple[str, int]] = []
@@ -64,7 +64,9 @@ def test_real_disk_retry_give_up_and_restart(storage: Path) -> None:
         assert dead.id == bad and dead.attempts == 2 and dead.task_class == "d.Charge"
         assert dead.exception_class == "ValueError" and dead.exception_message == "bad order -1"
         assert dead.backtrace[-1].endswith("in perform")
-        assert decode_context(dead.context) == Context("d.Charge", (-1,), {}, 2)
+        # The time it was first enqueued, kept across its retry (Q-65, F-17).
+        assert dead.enqueued_at == int(START)
+        assert decode_context(dead.context) == Context("d.Charge", (-1,), {}, 2, None, int(START))
 
     async def restart() -> None:
         with Disk(path=storage, fsync_frequency=0) as disk:

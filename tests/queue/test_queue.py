@@ -107,7 +107,7 @@ def test_enqueue_persists_before_returning_and_success_removes() -> None:
         task_id = queue.enqueue(Ok, 1, "two", key=[3])
         assert backend.calls == [("add_task", task_id)]  # persisted, nothing ran yet
         assert decode_context(backend.wal[task_id].context) == Context(
-            "q.Ok", (1, "two"), {"key": [3]}, 0)
+            "q.Ok", (1, "two"), {"key": [3]}, 0, None, int(START))
         assert LOG == []
         await queue.wait_idle()
         assert LOG == [("ok", ((1, "two"), {"key": [3]}, 1, task_id))]

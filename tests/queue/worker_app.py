@@ -58,9 +58,10 @@ class DiesBeforeRemoval(Disk):
     dead_written: str | None = None
 
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
-                      task_class: str, attempts: int) -> str:
+                      task_class: str, attempts: int,
+                      enqueued_at: int | None = None) -> str:
         stored = super().add_dead_task(task_id, context, exception, task_class=task_class,
-                                       attempts=attempts)
+                                       attempts=attempts, enqueued_at=enqueued_at)
         self.dead_written = task_id
         print(f"dead-written {task_id}", flush=True)
         return stored

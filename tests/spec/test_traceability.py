@@ -5,7 +5,8 @@ no test cites a statement that does not exist. Method: an ID is *defined* in
 spec/*.md where it appears in bold (``**D-3**``) or as the first cell of a
 table row (``| R-@C |``); a test *cites* an ID with ``@pytest.mark.spec(...)``
 (on a function, a class, or as a module's ``pytestmark``), found by parsing
-every test module's AST.
+every test module's AST. A *retired* ID is struck through in spec/changelog.md
+(``~~F-12~~``): it may be named in spec/ (never in src/) and never defined again.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ ROOT = Path(__file__).resolve().parents[2]
 ID = r"[A-Z]-(?:\d+|@[A-Z])"
 DEFINED = re.compile(rf"\*\*({ID})\*\*|^\|\s*({ID})\s*\|", re.MULTILINE)
 MENTIONED = re.compile(rf"(?<![\w-])({ID})(?![\w-])")
+RETIRED = re.compile(rf"~~({ID})~~")
+
+
+def retired_ids() -> set[str]:
+    """The IDs spec/changelog.md lists as retired."""
+    return set(RETIRED.findall((ROOT / "spec" / "changelog.md").read_text()))
 
 
 def defined_ids() -> dict[str, str]:
@@ -63,11 +70,19 @@ def test_every_cited_id_exists_in_spec() -> None:
 
 
 def test_every_id_mentioned_in_spec_or_src_is_defined() -> None:
-    defined = defined_ids()
+    defined, retired = defined_ids(), retired_ids()
     texts = [p for p in (ROOT / "spec").glob("*.md")] + list((ROOT / "src").rglob("*.py"))
     unknown: dict[str, str] = {}
     for path in texts:
+        allowed = retired if path.suffix == ".md" else set()
         for ident in MENTIONED.findall(path.read_text()):
-            if ident not in defined:
+            if ident not in defined and ident not in allowed:
                 unknown.setdefault(ident, str(path.relative_to(ROOT)))
     assert not unknown, f"IDs mentioned but never defined: {unknown}"
+
+
+def test_a_retired_id_is_never_defined_again() -> None:
+    retired = retired_ids()
+    assert {"F-12", "W-5"} <= retired  # the changelog's list is read at all
+    reused = sorted(retired & set(defined_ids()))
+    assert not reused, f"retired IDs defined again: {reused}"

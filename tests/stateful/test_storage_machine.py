@@ -269,7 +269,7 @@ class StorageMachine(RuleBasedStateMachine):
     @rule(target=tasks, slot=slots,
           batch=st.lists(st.tuples(contexts, publish_ats), min_size=1, max_size=3))
     def add_tasks(self, slot: int, batch: list[tuple[bytes, int | None]]) -> object:
-        """One to three adds with generated ids (W-5, W-6)."""
+        """One to three adds with generated ids (W-28, W-6)."""
         worker = self._pick(slot)
         added = []
         for context, publish_at in batch:
@@ -277,7 +277,7 @@ class StorageMachine(RuleBasedStateMachine):
             op = self.model.add_task(worker.name, task_id, Pending(context, publish_at))
             self.model.acked(op, durable=worker.frequency == 0)
             self._ordered(worker.name, task_id, added=True)
-            assert task_id not in self.owner, f"W-5: id {task_id} issued twice"
+            assert task_id not in self.owner, f"W-28: id {task_id} issued twice"
             self.owner[task_id] = worker.name
             self.in_bundle.add(task_id)
             added.append(task_id)
@@ -297,7 +297,7 @@ class StorageMachine(RuleBasedStateMachine):
             task_id = worker.disk.add_task(context, publish_at, sync=False)
             self.model.acked(self.model.add_task(worker.name, task_id, Pending(context, publish_at)))
             self._ordered(worker.name, task_id, added=True)
-            assert task_id not in self.owner, f"W-5: id {task_id} issued twice"
+            assert task_id not in self.owner, f"W-28: id {task_id} issued twice"
             self.owner[task_id] = worker.name
             self.in_bundle.add(task_id)
             added.append(task_id)

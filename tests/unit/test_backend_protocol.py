@@ -112,10 +112,11 @@ class ProtocolOnly:
         self._inner.sync()
 
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
-                      task_class: str, attempts: int) -> str | None:
+                      task_class: str, attempts: int,
+                      enqueued_at: int | None = None) -> str | None:
         self.used.add("add_dead_task")
         return self._inner.add_dead_task(task_id, context, exception, task_class=task_class,
-                                         attempts=attempts)
+                                         attempts=attempts, enqueued_at=enqueued_at)
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
         self.used.add("list_dead_tasks")

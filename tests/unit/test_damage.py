@@ -74,7 +74,7 @@ def replay(storage: Path, content: bytes, caplog: pytest.LogCaptureFixture) -> t
 
 
 def copied_records(storage: Path) -> bytes:
-    """The records of the fresh copy adoption wrote (W-3), after its seed marker (W-5).
+    """The records of the fresh copy adoption wrote (W-3), after its seed marker (W-28).
 
     The adopted file itself must be gone (W-4): the copy is the only WAL file.
     """

@@ -3,7 +3,7 @@
 Goal: each statement about the dead-task store holds on a real directory. That
 covers which files exist and when, the order of fsync, rename and directory
 fsync, what add/list/find/remove read and write, how damage is handled, how the
-lock is taken and released, and how exceptions are recorded (F-12). Method:
+lock is taken and released, and how exceptions are recorded (F-17). Method:
 ``Disk`` in ``tmp_path`` with the envs of ``tests.fsenv``: ``RecordingEnv``
 for call orders and byte counts, ``FaultyEnv`` for I/O errors, ``ManualClock``
 so lock retries sleep on a fake clock. "Another worker" holds the lock through
@@ -758,7 +758,7 @@ def test_a_failed_fsync_of_the_staging_file_leaves_the_live_file_and_the_store_u
         assert listed(disk) == ["b"]
 
 
-# ----------------------------------------------------------------------------- F-12 fields
+# ----------------------------------------------------------------------------- F-17 fields
 
 
 class Outer:
@@ -772,7 +772,7 @@ def recurse(depth: int) -> None:
     recurse(depth - 1)
 
 
-@pytest.mark.spec("F-12")
+@pytest.mark.spec("F-17")
 def test_a_long_exception_message_is_clipped_with_a_truncation_marker(storage: Path) -> None:
     with open_disk(storage) as disk:
         disk.add_dead_task("long", b"", caught("m" * 100_000), task_class="T", attempts=1)
@@ -786,7 +786,7 @@ def test_a_long_exception_message_is_clipped_with_a_truncation_marker(storage: P
     assert fits.exception_message == "m" * EXCEPTION_MESSAGE_CHARS_MAX
 
 
-@pytest.mark.spec("F-12")
+@pytest.mark.spec("F-17")
 def test_the_backtrace_keeps_the_20_frames_nearest_the_raise_outermost_first(
         storage: Path) -> None:
     try:
@@ -812,7 +812,7 @@ def test_the_backtrace_keeps_the_20_frames_nearest_the_raise_outermost_first(
     assert deep_task.backtrace[-1] == shallow_task.backtrace[-1]
 
 
-@pytest.mark.spec("F-12")
+@pytest.mark.spec("F-17")
 def test_a_backtrace_frame_is_clipped_to_4096_characters(storage: Path) -> None:
     name = "f" * 5000
     namespace: dict[str, Any] = {}
@@ -828,7 +828,7 @@ def test_a_backtrace_frame_is_clipped_to_4096_characters(storage: Path) -> None:
     assert len(task.backtrace[-1]) == 4096 and task.backtrace[-1].endswith("...[truncated]")
 
 
-@pytest.mark.spec("F-12")
+@pytest.mark.spec("F-17")
 def test_exception_class_is_module_and_qualname_or_the_bare_builtin_name(
         storage: Path) -> None:
     long_class = type("C" * 2000, (Exception,), {})
@@ -857,12 +857,12 @@ def test_exception_class_is_module_and_qualname_or_the_bare_builtin_name(
     assert names["long"].startswith(f"{long_class.__module__}.CCC")
 
 
-@pytest.mark.spec("F-12")
+@pytest.mark.spec("F-17", "W-28")
 def test_enqueued_at_is_the_ids_leading_integer_and_failed_at_the_wall_clock(
         storage: Path) -> None:
     clock = ManualClock(wall=1_700_000_123.9)
-    cases = {"1700000001-42-7": 1_700_000_001, "plain": 0, "1234567890123-x": 0, "12x-1": 0,
-             "999999999999": 999_999_999_999}
+    cases = {"1700000001-42-7": 1_700_000_001, "plain": 0, "1234567890123-x": 1234567890123,
+             "12x-1": 0, "999999999999": 999_999_999_999, f"{2**63}-x": 0}
     with open_disk(storage, RecordingEnv(clock)) as disk:
         for task_id in cases:
             add(disk, task_id)

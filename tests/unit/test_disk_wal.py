@@ -161,10 +161,10 @@ def test_pending_is_idempotent_does_no_io_and_includes_tasks_added_since_open(
         assert disk.pending_tasks() == [PendingTask("new", b"new", None)]
 
 
-# ----------------------------------------------------------------------------- ids (W-5)
+# ----------------------------------------------------------------------------- ids (W-28)
 
 
-@pytest.mark.spec("W-5")
+@pytest.mark.spec("W-28")
 def test_generated_ids_are_seed_pid_counter_and_the_seed_follows_the_monotonic_clock(
         storage: Path) -> None:
     clock = ManualClock(wall=WALL)
@@ -182,7 +182,7 @@ def test_generated_ids_are_seed_pid_counter_and_the_seed_follows_the_monotonic_c
         assert disk.add_task(b"") == f"{seed + 4}-{PID}-2"
 
 
-@pytest.mark.spec("W-5")
+@pytest.mark.spec("W-28")
 def test_the_seed_starts_above_the_largest_seed_in_the_adopted_files(storage: Path) -> None:
     with open_disk(storage, RecordingEnv(ManualClock(wall=WALL))) as disk:
         disk.add_task(b"", task_id="1800000000-7-1")
@@ -191,7 +191,7 @@ def test_the_seed_starts_above_the_largest_seed_in_the_adopted_files(storage: Pa
         assert disk.add_task(b"") == f"1800000001-{PID}-1"
 
 
-@pytest.mark.spec("W-5")
+@pytest.mark.spec("W-28")
 def test_a_restart_with_the_same_pid_and_the_clock_stepped_back_never_repeats_an_id(
         storage: Path) -> None:
     clock = ManualClock(wall=WALL)
@@ -210,7 +210,7 @@ def test_a_restart_with_the_same_pid_and_the_clock_stepped_back_never_repeats_an
         issued |= new
 
 
-@pytest.mark.spec("W-5", "R-@C")
+@pytest.mark.spec("W-28", "R-@C")
 def test_damaged_or_oversized_seeds_in_the_file_do_not_move_the_seed(storage: Path) -> None:
     with open_disk(storage, RecordingEnv(ManualClock(wall=WALL))) as disk:
         disk.add_task(b"", task_id="99999999999999999999-1-1")  # 20 digits: not a seed
@@ -222,7 +222,7 @@ def test_damaged_or_oversized_seeds_in_the_file_do_not_move_the_seed(storage: Pa
         assert disk.add_task(b"") == f"{int(WALL) + 1}-{PID}-1"
 
 
-@pytest.mark.spec("W-5")
+@pytest.mark.spec("W-28")
 def test_two_disks_of_one_process_sharing_an_env_never_issue_the_same_id(
         storage: Path, tmp_path: Path) -> None:
     env = RecordingEnv(ManualClock(wall=WALL))
@@ -232,7 +232,7 @@ def test_two_disks_of_one_process_sharing_an_env_never_issue_the_same_id(
     assert len(set(issued)) == len(issued)
 
 
-@pytest.mark.spec("W-5", "W-9")
+@pytest.mark.spec("W-28", "W-9")
 def test_ids_issued_before_a_rotation_are_not_repeated_after_a_restart_with_the_clock_back(
         storage: Path) -> None:
     clock = ManualClock(wall=WALL)
@@ -316,7 +316,7 @@ def only_fresh_copy(storage: Path, adopted: list[Path]) -> Path:
     return fresh
 
 
-@pytest.mark.spec("W-27", "W-3", "W-4", "W-5")
+@pytest.mark.spec("W-27", "W-3", "W-4", "W-28")
 def test_orphans_are_copied_in_name_order_to_a_fresh_fsynced_file_and_only_then_unlinked(
         storage: Path) -> None:
     (first, first_ids), (other, other_ids) = make_orphans(storage, 2)
@@ -336,7 +336,7 @@ def test_orphans_are_copied_in_name_order_to_a_fresh_fsynced_file_and_only_then_
             assert not env.calls_of("write", str(path)) and not env.calls_of("ftruncate", str(path))
         assert copied < synced
         lines = wal_bytes(fresh).split(b"\n")
-        marker = decode_wal_line(lines[0])  # W-5: the seed marker comes first
+        marker = decode_wal_line(lines[0])  # W-28: the seed marker comes first
         assert isinstance(marker, WalRem) and marker.task_id.endswith(f"-{PID}-0")
         assert [decode_wal_line(line) for line in lines[1:-1]] == [
             WalAdd(task_id, None, task_id.encode()) for task_id in first_ids + other_ids]
@@ -414,7 +414,7 @@ def test_a_torn_tail_is_left_behind_with_the_adopted_file_and_never_appended_to(
         fresh = only_fresh_copy(storage, [wal])
         assert not env.calls_of("write", str(wal)) and not env.calls_of("ftruncate", str(wal))
         disk.add_task(b"c", task_id="c")
-    records = wal_bytes(fresh).split(b"\n", 1)[1]  # after the seed marker (W-5)
+    records = wal_bytes(fresh).split(b"\n", 1)[1]  # after the seed marker (W-28)
     assert records == b"".join(encode_add(t, None, t.encode()) for t in ("a", "b", "c"))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="deferq"), open_disk(storage) as disk:
@@ -622,7 +622,7 @@ def churn(disk: Disk, storage: Path, *, until_rotations: int,
     raise AssertionError(f"only {rotations} rotations in {max_cycles} cycles")
 
 
-@pytest.mark.spec("W-9", "W-10", "W-11", "W-5")
+@pytest.mark.spec("W-9", "W-10", "W-11", "W-28")
 def test_rotation_copies_every_live_task_to_a_new_file_and_drops_the_old_one_in_order(
         storage: Path) -> None:
     clock = ManualClock()
@@ -642,7 +642,7 @@ def test_rotation_copies_every_live_task_to_a_new_file_and_drops_the_old_one_in_
         assert new != old and not old.exists()
         assert disk.pending_tasks() == expected
         records = [decode_wal_line(rec) for rec in wal_bytes(new).split(b"\n")[:-1]]
-        assert records[0] == WalRem(f"{int(clock.wall) + 1}-{PID}-0")  # the W-5 seed marker
+        assert records[0] == WalRem(f"{int(clock.wall) + 1}-{PID}-0")  # the W-28 seed marker
         assert [(r.task_id, r.publish_at, r.context) for r in records
                 if isinstance(r, WalAdd)] == [(t.task_id, t.publish_at, t.context) for t in expected]
         assert all(isinstance(r, WalRem) and r.task_id not in ids(disk)  # at most markers

@@ -1,7 +1,7 @@
 """Unit tests of the record codec and file names (src/deferq/_core/: frame, taskid,
 walcodec, deadcodec, names; spec/format.md).
 
-Goal: every validity rule of F-4..F-12 and every file-name rule of F-1/F-9 is pinned by
+Goal: every validity rule of F-4..F-17 and every file-name rule of F-1/F-9 is pinned by
 an example at and just past its boundary, and every damaged line maps to the right row
 of the recovery table (R-@B, R-@C, R-@D, R-@G). Method: build lines with the codec's own
 ``frame`` (so the CRC is valid and only the rule under test is broken) or by hand, and
@@ -193,7 +193,7 @@ def test_a_newline_inside_a_body_is_never_a_valid_record() -> None:
     (None, b"\x00\xff\n:"),
     (1, b"x"),
     (1700000000, b"ab"),
-    (10**20 - 1, b"abc"),
+    (2**63 - 1, b"abc"),
 ])
 def test_add_record_round_trips(publish_at: int | None, context: bytes) -> None:
     line = encode_add("t-1", publish_at, context)
@@ -253,9 +253,12 @@ def test_non_canonical_publish_at_is_bad_body(publish_at: bytes) -> None:
     assert decode_wal_line(framed(b"add:a:" + publish_at + b":")) == BAD_BODY
 
 
-@pytest.mark.spec("F-6")
-def test_publish_at_of_twenty_digits_is_accepted() -> None:
-    assert decode_wal_line(framed(b"add:a:" + b"9" * 20 + b":")) == WalAdd("a", 10**20 - 1, b"")
+@pytest.mark.spec("F-6", "F-19", "R-@D")
+def test_publish_at_is_read_up_to_2_to_the_63_minus_1_and_twenty_nines_are_a_bad_body() -> None:
+    largest = b"%d" % (2**63 - 1)
+    assert decode_wal_line(framed(b"add:a:" + largest + b":")) == WalAdd("a", 2**63 - 1, b"")
+    assert decode_wal_line(framed(b"add:a:" + b"9" * 20 + b":")) == BAD_BODY
+    assert decode_wal_line(framed(b"add:a:%d:" % 2**63)) == BAD_BODY
 
 
 @pytest.mark.spec("F-6", "R-@D")
@@ -327,17 +330,20 @@ def test_check_task_id_names_the_argument() -> None:
         check_task_id("", argument="id")
 
 
-# ----------------------------------------------------------------------------- id seeds (W-5, F-12)
+# ----------------------------------------------------------------------------- id seeds (W-28, F-17)
 
 
-@pytest.mark.spec("W-5", "F-12")
+@pytest.mark.spec("W-28", "F-17")
 @pytest.mark.parametrize(("task_id", "seed"), [
     ("1700000000-42-1", 1700000000),
     ("0-1-1", 0),
     ("7-x", 7),
     ("007-x", 7),
     ("9" * 12 + "-1-1", 10**12 - 1),
-    ("1" * 13 + "-1-1", 0),  # more than 12 digits does not count
+    ("1" * 13 + "-1-1", int("1" * 13)),  # every seed a 64-bit reader holds counts (W-28)
+    (f"{2**63 - 1}-x", 2**63 - 1),
+    (f"{2**63}-x", 0),  # above what a 64-bit reader holds: not a seed
+    ("9" * 19 + "-x", 0),
     ("9" * 20 + "-x", 0),
     ("abc", 0),
     ("-5", 0),
@@ -349,16 +355,16 @@ def test_check_task_id_names_the_argument() -> None:
     ("\u00b2-1", 0),  # superscript two passes str.isdigit but is not ASCII
     ("\uff11-1", 0),  # fullwidth one
 ])
-def test_id_seed_is_the_leading_one_to_twelve_ascii_digits_before_the_first_dash(
+def test_id_seed_is_the_leading_run_of_ascii_digits_up_to_2_to_the_63_minus_1(
         task_id: str, seed: int) -> None:
     assert id_seed(task_id) == seed
 
 
-@pytest.mark.spec("W-5")
+@pytest.mark.spec("W-28")
 def test_id_seed_of_an_id_without_a_dash_reads_the_whole_id() -> None:
     # Implemented reading of "before the first '-'": with no '-', the whole id is the head.
     assert id_seed("123") == 123
-    assert id_seed("1" * 13) == 0
+    assert id_seed("1" * 20) == 0
 
 
 # ----------------------------------------------------------------------------- dead-task records (F-10, F-11)
@@ -493,7 +499,7 @@ def test_dead_payload_with_a_duplicated_key_is_bad_dead_payload() -> None:
     assert decode_payload(b'{"id":"b",' + text[1:-1] + b"}") == BAD_DEAD_PAYLOAD
 
 
-@pytest.mark.spec("F-11", "F-12", "R-@G")
+@pytest.mark.spec("F-11", "F-17", "R-@G")
 def test_dead_payload_fields_past_their_limits_are_bad_dead_payload() -> None:
     over = [
         dead_json(task_class="x" * (TASK_CLASS_BYTES_MAX + 1)),
@@ -513,10 +519,10 @@ def test_dead_payload_fields_past_their_limits_are_bad_dead_payload() -> None:
         assert isinstance(decode_payload(compact(obj)), DeadTask)
 
 
-# ----------------------------------------------------------------------------- dead-task limits (F-12)
+# ----------------------------------------------------------------------------- dead-task limits (F-17)
 
 
-@pytest.mark.spec("F-12")
+@pytest.mark.spec("F-17")
 def test_dead_problem_accepts_every_field_at_its_limit() -> None:
     task = dead_task(
         task_class="\u00e9" * (TASK_CLASS_BYTES_MAX // 2),
@@ -529,7 +535,7 @@ def test_dead_problem_accepts_every_field_at_its_limit() -> None:
     assert dead_problem(task) is None
 
 
-@pytest.mark.spec("F-12", "F-5", "F-8")
+@pytest.mark.spec("F-17", "F-5", "F-8")
 @pytest.mark.parametrize(("changes", "problem"), [
     ({"id": ""}, "id"),
     ({"id": "a:b"}, "id"),

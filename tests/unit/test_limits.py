@@ -3,7 +3,7 @@
 Goal: the dead-task lock back-off is exactly L-2's schedule, and the relations between
 limits that the engine relies on hold, including that the largest dead-task record the
 format allows fits in one line. Method: evaluate ``lock_sleep_s`` for every attempt and
-sum the sleeps; build the worst-case dead task (every field at its F-12 limit, characters
+sum the sleeps; build the worst-case dead task (every field at its F-17 limit, characters
 chosen to maximize JSON escaping) and measure its encoded line.
 """
 
@@ -31,7 +31,7 @@ def test_at_most_twenty_attempts_with_nineteen_sleeps_of_about_one_and_a_half_se
     assert total == pytest.approx(1.45)
 
 
-@pytest.mark.spec("F-5", "F-8", "F-12")
+@pytest.mark.spec("F-5", "F-8", "F-17")
 def test_format_limits_have_their_specified_values() -> None:
     assert limits.TASK_ID_BYTES_MAX == 256
     assert limits.TASK_CLASS_BYTES_MAX == 1024
@@ -60,7 +60,7 @@ def test_chunks_relate_to_ids_and_lines() -> None:
     assert limits.WRITE_BATCH_BYTES <= limits.LINE_BYTES_MAX
 
 
-@pytest.mark.spec("F-4", "F-8", "F-12")
+@pytest.mark.spec("F-4", "F-8", "F-17")
 def test_the_largest_dead_task_record_fits_in_a_line() -> None:
     # Worst case for JSON escaping: an astral character is one Python character but
     # twelve output bytes (a \\uXXXX\\uXXXX surrogate pair); a control character in a

@@ -223,7 +223,7 @@ def test_add_after_rem_goes_to_the_end() -> None:
     assert [task_id for task_id, _ in pending(replay(data))] == ["b", "a"]
 
 
-@pytest.mark.spec("W-5")
+@pytest.mark.spec("W-28")
 def test_seed_max_counts_only_valid_records() -> None:
     # Valid add and rem records count (rotation writes a rem marker carrying the seed);
     # damaged, over-long and torn lines never do.

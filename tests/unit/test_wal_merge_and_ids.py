@@ -1,6 +1,6 @@
 """Id uniqueness within a process and across workers, and merge order of shared ids.
 
-Goal: check the W-5 additions (one id source per process, ids carry the pid)
+Goal: check the W-28 additions (one id source per process, ids carry the pid)
 and the merge-order rule W-15 on the real filesystem. Method: open backends
 on tmp directories; build orphan WAL files with the codec where a test needs a
 particular on-disk state.
@@ -19,14 +19,14 @@ from deferq.backends import Disk
 from tests.fsenv import ManualClock, RecordingEnv
 
 
-@pytest.mark.spec("W-5")
+@pytest.mark.spec("W-28")
 def test_two_default_disks_of_one_process_never_issue_the_same_id(storage: Path) -> None:
     with Disk(path=storage, fsync_frequency=0) as one, Disk(path=storage, fsync_frequency=0) as two:
         ids = [disk.add_task(b"") for _ in range(50) for disk in (one, two)]
     assert len(set(ids)) == len(ids)
 
 
-@pytest.mark.spec("W-5")
+@pytest.mark.spec("W-28")
 def test_disks_sharing_one_env_share_one_id_source(storage: Path) -> None:
     env = RecordingEnv(ManualClock())
     with Disk(path=storage, env=env, fsync_frequency=0) as one, \
@@ -36,7 +36,7 @@ def test_disks_sharing_one_env_share_one_id_source(storage: Path) -> None:
     assert first.rsplit("-", 1)[0] == second.rsplit("-", 1)[0]  # same seed and pid
 
 
-@pytest.mark.spec("A-10", "W-5")
+@pytest.mark.spec("A-10", "W-28")
 def test_generated_ids_and_file_names_carry_the_pid(storage: Path) -> None:
     with Disk(path=storage, fsync_frequency=0) as disk:
         task_id = disk.add_task(b"")

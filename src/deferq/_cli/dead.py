@@ -153,6 +153,10 @@ def dead_show(args: argparse.Namespace) -> int:
               ("context", context_text(task.context))]
     for name, value in fields:
         print(f"{name + ':':<13}{value}")
+    meta = task.meta
+    print("meta:" if meta else "meta:        (none)")
+    for key, value in meta.items():
+        print(f"  {safe(key)}: {safe(value)}")
     print("backtrace:")
     for frame in task.backtrace:
         print(f"  {safe(frame)}")

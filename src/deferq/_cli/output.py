@@ -109,11 +109,13 @@ def context_bytes(view: dict[str, object]) -> bytes:
 
 
 def dead_json(task: DeadTask) -> dict[str, object]:
-    """A dead task as a JSON object (Q-26): its fields, times as epoch seconds."""
+    """A dead task as a JSON object (Q-26, Q-67): its fields, times as epoch seconds, and its
+    metadata (``{}`` when it has none)."""
     return {"id": task.id, "task_class": task.task_class, "attempts": task.attempts,
             "enqueued_at": task.enqueued_at, "failed_at": task.failed_at,
             "exception_class": task.exception_class, "exception_message": task.exception_message,
-            "backtrace": list(task.backtrace), "context": context_json(task.context)}
+            "backtrace": list(task.backtrace), "context": context_json(task.context),
+            "meta": task.meta}
 
 
 def context_summary(context: bytes) -> tuple[str, str]:

@@ -1,11 +1,11 @@
-"""PURE: the dead-task store's record, ``dead_task`` (spec/format.md F-10..F-12).
+"""PURE: the dead-task store's record, ``dead_task`` (spec/format.md F-10..F-17).
 
 Theory of operation: a body is ``dead_task:{id}:{json}``, the JSON one object
 with exactly the ``DEAD_FIELDS`` keys in order, ASCII-escaped, its context in
 canonical base64 (F-10); it is framed by frame.py's rule. Decoding is in two
 steps so a reader can index lines by id without parsing JSON: ``decode_dead_line``
 checks the frame and splits out the id, ``decode_dead_payload`` parses and checks
-the object (F-11) against the limits of ``dead_problem`` (F-12).
+the object (F-11) against the limits of ``dead_problem`` (F-17).
 
 Each direction has a definition and a fast path that must agree with it:
 ``_encode_dead_json`` and ``_decode_dead_exact`` follow the spec step by step;
@@ -35,6 +35,7 @@ from deferq._core.limits import (
     CONTEXT_BYTES_MAX,
     EXCEPTION_CLASS_CHARS_MAX,
     EXCEPTION_MESSAGE_CHARS_MAX,
+    INT_FIELD_MAX,
     LINE_BYTES_MAX,  # The post-condition of encode_dead names it; CrossHair reads it here.
     TASK_CLASS_BYTES_MAX,
     TASK_ID_BYTES_MAX,
@@ -65,7 +66,7 @@ class DeadLine:
 
 
 def dead_problem(task: DeadTask) -> str | None:
-    """Say which field of a dead task is outside the format's limits, or None (F-12)."""
+    """Say which field of a dead task is outside the format's limits, or None (F-17)."""
     problem = task_id_problem(task.id)
     if problem is not None:
         return f"id {problem}"
@@ -82,6 +83,11 @@ def dead_problem(task: DeadTask) -> str | None:
         return "attempts must be >= 0"
     if task.enqueued_at < 0 or task.failed_at < 0:
         return "times must be >= 0"
+    # Implements F-19: what a reader with 64-bit integers holds.
+    if task.attempts > INT_FIELD_MAX:
+        return f"attempts must be at most {INT_FIELD_MAX}"
+    if task.enqueued_at > INT_FIELD_MAX or task.failed_at > INT_FIELD_MAX:
+        return f"times must be at most {INT_FIELD_MAX}"
     if len(task.exception_class) > EXCEPTION_CLASS_CHARS_MAX:
         return f"exception_class must be at most {EXCEPTION_CLASS_CHARS_MAX} characters"
     if len(task.exception_message) > EXCEPTION_MESSAGE_CHARS_MAX:
@@ -189,13 +195,13 @@ def decode_dead_record(task_id: str, payload: bytes) -> DeadTask | BadLine:
 
 
 def _decode_dead_fast(line_id: str, payload: bytes) -> DeadTask | None:
-    """The task ``_decode_dead_exact`` would return, or None when not sure (F-11, F-12).
+    """The task ``_decode_dead_exact`` would return, or None when not sure (F-11, F-17).
 
     Sure means: the payload is UTF-8 that starts with ``{`` and is one JSON object
     ending at the payload's end, whose pairs have exactly the F-10 keys in order (so no
     key repeats), with F-11's types and ``id`` equal to the line's; every string is
     ASCII (``str.isascii`` is O(1): then there is no surrogate, and as many UTF-8 bytes
-    as characters); the context is canonical base64; and every F-12 limit is met. The
+    as characters); the context is canonical base64; and every F-17 limit is met. The
     id is checked again (cheaply, as the ASCII string it is): a ``DeadLine`` built by
     hand need not hold a valid one. Measured per record: the JSON scan, the base64
     decode, the DeadTask and the checks here cost about 3 : 1 : 1 : 1.
@@ -221,7 +227,8 @@ def _decode_dead_fast(line_id: str, payload: bytes) -> DeadTask | None:
             and 0 < len(task_id) <= TASK_ID_BYTES_MAX and ":" not in task_id
             and "\n" not in task_id and "\0" not in task_id
             and 0 < len(task_class) <= TASK_CLASS_BYTES_MAX
-            and attempts >= 0 and enqueued_at >= 0 and failed_at >= 0
+            and 0 <= attempts <= INT_FIELD_MAX and 0 <= enqueued_at <= INT_FIELD_MAX
+            and 0 <= failed_at <= INT_FIELD_MAX
             and len(exc_class) <= EXCEPTION_CLASS_CHARS_MAX
             and len(exc_msg) <= EXCEPTION_MESSAGE_CHARS_MAX
             and len(trace) <= BACKTRACE_FRAMES_MAX

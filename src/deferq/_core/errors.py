@@ -53,7 +53,7 @@ class StorageClosedError(DeferqError):
 
 
 class LimitExceededError(DeferqError, ValueError):
-    """An argument is larger than a limit of the on-disk format (F-12).
+    """An argument is larger than a limit of the on-disk format (F-17).
 
     A ``ValueError``: nothing was written.
     """

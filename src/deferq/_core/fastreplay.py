@@ -24,7 +24,7 @@ from typing import Final
 
 from deferq._core.b64 import canonical_base64
 from deferq._core.frame import BadLine, LineFault
-from deferq._core.limits import LINE_BYTES_MAX, TASK_ID_BYTES_MAX
+from deferq._core.limits import INT_FIELD_MAX, LINE_BYTES_MAX, TASK_ID_BYTES_MAX
 from deferq._core.recovery import ChunkLines, RawLine, WalReplay, line_body
 from deferq._core.taskid import SEED_DIGITS_MAX, id_seed, raw_id_ok
 from deferq._core.walcodec import WalAdd, decode_wal_line
@@ -42,7 +42,9 @@ _SEED_PREFIX: Final = itemgetter(slice(0, SEED_DIGITS_MAX + 1))  # holds any see
 _SELECT_ADD: Final = bytes(1 if c == 0x61 else 0 for c in range(256))  # translate: 'a' -> 1
 _SELECT_REM: Final = bytes(1 if c == 0x72 else 0 for c in range(256))  # translate: 'r' -> 1
 _CRC_TYPE: Final = next(t for t in "IL" if array(t).itemsize == 4)  # 32-bit unsigned items
-_PUBLISH_AT_DIGITS_MAX: Final = 20  # F-6, as in walcodec._decode_publish_at
+# F-6 and F-19: every decimal of at most 18 digits is within 2**63 - 1; a longer one (up to
+# 19 digits can still be) is left to walcodec._decode_publish_at, the exact rule.
+_PUBLISH_AT_DIGITS_MAX: Final = 18
 _REM_CRC: Final = zlib.crc32(b"rem:")  # a rem body is "rem:" and the id (F-7)
 
 
@@ -221,7 +223,8 @@ class FastWalReplay:
                 if not (
                     0 < len(task_id) <= TASK_ID_BYTES_MAX
                     and (task_id.isascii() or raw_id_ok(task_id))
-                    and (when == b"0" or (when.isdigit() and when[0] != 0x30 and len(when) <= 20))
+                    and (when == b"0" or (when.isdigit() and when[0] != 0x30
+                                          and len(when) <= _PUBLISH_AT_DIGITS_MAX))
                     and ((not len(payload) & 3 and not payload.translate(None, _B64_ALPHABET))
                          or canonical_base64(payload))
                 ):
@@ -239,14 +242,14 @@ class FastWalReplay:
                 slow(line)
                 continue
             records += 1
-            # W-5: id_seed on the raw bytes, skipped for an id sharing "{seed}-" with one of
+            # W-28: id_seed on the raw bytes, skipped for an id sharing "{seed}-" with one of
             # the last two ids computed (typically the newest adds and the oldest removes).
             if not (task_id.startswith(seed_prefix) or task_id.startswith(older_prefix)):
                 dash = task_id.find(b"-")
                 head = task_id if dash < 0 else task_id[:dash]
                 if len(head) <= SEED_DIGITS_MAX and head.isdigit():
                     seed = int(head)
-                    if seed > seed_max:
+                    if seed_max < seed <= INT_FIELD_MAX:
                         seed_max = seed
                 older_prefix = seed_prefix
                 seed_prefix = task_id[:dash + 1] if dash > 0 else b"\n"
@@ -314,7 +317,7 @@ def _crc_fields(lines: list[bytes], rem_crc: int | None = None) -> bytes:
 
 
 def _seed_max(ids: list[bytes]) -> int:
-    """The largest ``id_seed`` of ``ids`` (W-5), computed on the raw bytes.
+    """The largest ``id_seed`` of ``ids`` (W-28), computed on the raw bytes.
 
     When the smallest and the largest id share "{head}-", every id between them
     does too, so one head settles it; otherwise each distinct prefix that can
@@ -334,5 +337,8 @@ def _id_head(prefix: bytes) -> bytes:
 
 
 def _head_seed(head: bytes) -> int:
-    """``id_seed`` of an id whose part before its first '-' is ``head`` (W-5)."""
-    return int(head) if 0 < len(head) <= SEED_DIGITS_MAX and head.isdigit() else 0
+    """``id_seed`` of an id whose part before its first '-' is ``head`` (W-28)."""
+    if 0 < len(head) <= SEED_DIGITS_MAX and head.isdigit():
+        seed = int(head)
+        return seed if seed <= INT_FIELD_MAX else 0
+    return 0

@@ -13,16 +13,26 @@ from typing import Final
 WAL_STORAGE_VERSION: Final = "0"
 DEAD_STORAGE_VERSION: Final = "0"
 
+# --- Integers the format stores: what a reader with signed 64-bit integers holds.
+INT_FIELD_MAX: Final = 2**63 - 1
+
+# --- A task's metadata in its context record: entries, and UTF-8 bytes of keys and values.
+META_ITEMS_MAX: Final = 16
+META_BYTES_MAX: Final = 4096
+
 # --- Identifiers (F-5).
 TASK_ID_BYTES_MAX: Final = 256
 TASK_CLASS_BYTES_MAX: Final = 1024
 
-# --- Record sizes (F-8, F-12).
+# --- Record sizes (F-8, F-17).
 CONTEXT_BYTES_MAX: Final = 4 * 1024 * 1024
 EXCEPTION_CLASS_CHARS_MAX: Final = 1024
 EXCEPTION_MESSAGE_CHARS_MAX: Final = 64 * 1024
 BACKTRACE_FRAMES_MAX: Final = 20
 BACKTRACE_FRAME_CHARS_MAX: Final = 4096
+# The exception chain in the backtrace (F-18): chained exceptions kept, frames kept of each.
+CHAIN_EXCEPTIONS_MAX: Final = 4
+CHAIN_FRAMES_MAX: Final = 2
 # A line longer than this is damage (R-@E): no record deferq writes can reach it.
 LINE_BYTES_MAX: Final = 8 * 1024 * 1024
 
@@ -50,8 +60,11 @@ DEFAULT_SWEEP_INTERVAL_S: Final = 2.0
 SWEEP_INTERVAL_MIN_S: Final = 0.01
 SWEEP_INTERVAL_MAX_S: Final = 3600.0
 
-# --- Task-id seed (W-5): the seed advances by one per elapsed second of the monotonic clock.
+# --- Task-id seed (W-28): the seed advances by one per elapsed second of the monotonic clock.
 SEED_TICK_S: Final = 1.0
+# The largest seed a caller's id may carry (C-24): generated seeds start at most one above
+# it and then need 2**62 seconds to pass INT_FIELD_MAX, the largest a reader parses (W-28).
+SEED_CALLER_MAX: Final = 2**62
 
 # --- Dead-task store lock (L-2, L-3).
 LOCK_ATTEMPTS_MAX: Final = 20
@@ -100,6 +113,10 @@ assert (
     + 2 * TASK_ID_BYTES_MAX + 1024
     < LINE_BYTES_MAX
 )
+# The chain's lines (a header and frames per chained exception) leave the exception's own
+# frames most of the backtrace (F-18).
+assert CHAIN_EXCEPTIONS_MAX * (1 + CHAIN_FRAMES_MAX) < BACKTRACE_FRAMES_MAX
+assert SEED_CALLER_MAX < INT_FIELD_MAX
 assert WAL_SIZE_INCREASE_RATIO > 1.0
 assert 0 < FSYNC_FREQUENCY_MIN_S < DEFAULT_FSYNC_FREQUENCY_S <= FSYNC_FREQUENCY_MAX_S
 assert PREFIX_BYTES_MAX == 226

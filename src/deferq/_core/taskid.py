@@ -1,4 +1,4 @@
-"""PURE: what a valid task id is (spec/format.md F-5), and the seed in its head (W-5).
+"""PURE: what a valid task id is (spec/format.md F-5), and the seed in its head (W-28).
 
 Theory of operation: a task id is a non-empty ``str`` whose UTF-8 is at most
 ``TASK_ID_BYTES_MAX`` bytes and holds no ``:``, newline or NUL, so it can sit in
@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from typing import Final
 
-from deferq._core.limits import TASK_ID_BYTES_MAX
+from deferq._core.limits import INT_FIELD_MAX, SEED_CALLER_MAX, TASK_ID_BYTES_MAX
 
-SEED_DIGITS_MAX: Final = 12
+# Every seed up to INT_FIELD_MAX (19 digits) counts, so a generated seed, however far a
+# caller's id pushed it (at most to SEED_CALLER_MAX + 1, C-24), is read back (W-28).
+SEED_DIGITS_MAX: Final = 19
 _FORBIDDEN_ID_CHARS: Final = (":", "\n", "\x00")
 
 
@@ -66,17 +68,34 @@ def check_task_id(task_id: object, *, argument: str = "task_id") -> str:
 
 
 def id_seed(task_id: str) -> int:
-    """The leading integer of a task id, before its first '-', or 0 (W-5, F-10).
+    """The leading integer of a task id, before its first '-', or 0 (W-28, F-17).
 
-    Only a run of 1 to SEED_DIGITS_MAX ASCII digits counts, so a caller's id
-    like ``99999999999999999999-x`` cannot push generated ids absurdly far.
+    Only a run of 1 to SEED_DIGITS_MAX ASCII digits whose value is at most
+    INT_FIELD_MAX counts, what a reader with 64-bit integers parses (F-19).
 
-    post: 0 <= __return__ < 10 ** SEED_DIGITS_MAX
+    post: 0 <= __return__ <= INT_FIELD_MAX
     """
     head = task_id.split("-", 1)[0]
     if 0 < len(head) <= SEED_DIGITS_MAX and head.isascii() and head.isdigit():
-        return int(head)
+        seed = int(head)
+        return seed if seed <= INT_FIELD_MAX else 0
     return 0
+
+
+def caller_id_problem(task_id: str) -> str | None:
+    """Say why a valid id a caller gives must not be stored, or None (C-24).
+
+    Its seed must be at most SEED_CALLER_MAX, so that the seeds generated after it
+    stay within what ``id_seed`` reads back (W-28). Cheap for usual ids: a head of
+    at most 18 characters cannot hold a seed that large.
+
+    post: __return__ is None or id_seed(task_id) > SEED_CALLER_MAX
+    """
+    dash = task_id.find("-")
+    if (len(task_id) if dash < 0 else dash) < 19 or id_seed(task_id) <= SEED_CALLER_MAX:
+        return None
+    return (f"has the seed {id_seed(task_id)} (its leading integer); a caller's id may "
+            f"carry at most {SEED_CALLER_MAX} (2**62), so that generated ids never repeat")
 
 
 def decode_id(raw: bytes) -> str | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
+from deferq._core.ctxmeta import context_meta
+
 
 class PendingTask(NamedTuple):
     """A task in a worker's WAL that has not been removed (W-7)."""
@@ -22,7 +24,8 @@ class PendingTask(NamedTuple):
 class DeadTask:
     """A task that gave up, as stored in the dead-task store (F-10).
 
-    ``enqueued_at`` is the leading integer of a generated task id (its seed
+    ``enqueued_at`` is the epoch second the task was first enqueued when its writer
+    knew it (F-17, Q-65), else the leading integer of a generated task id (its seed
     second), or 0 when the id does not start with one. ``failed_at`` is the
     epoch second when the record was written. ``context`` is opaque bytes.
     """
@@ -36,6 +39,11 @@ class DeadTask:
     exception_message: str
     backtrace: tuple[str, ...]
     context: bytes
+
+    @property
+    def meta(self) -> dict[str, str]:
+        """The task's metadata (Q-66): read from its context, ``{}`` when it has none."""
+        return context_meta(self.context)
 
 
 _DEAD_TASK_FIELDS = ("id", "task_class", "attempts", "enqueued_at", "failed_at",

@@ -19,6 +19,7 @@ from zlib import crc32
 
 from deferq._core.b64 import decode_base64
 from deferq._core.frame import BadLine, LineFault, unframe
+from deferq._core.limits import INT_FIELD_MAX
 # The pre-conditions of the encoders name task_id_problem; CrossHair reads it here.
 from deferq._core.taskid import decode_id, task_id_problem
 
@@ -48,7 +49,7 @@ def encode_add(task_id: str, publish_at: int | None, context: bytes) -> bytes:
     """The ``add`` line of a pending task (F-6). Arguments must be valid.
 
     pre: task_id_problem(task_id) is None
-    pre: publish_at is None or publish_at > 0
+    pre: publish_at is None or 0 < publish_at <= INT_FIELD_MAX
     post: decode_wal_line(__return__[:-1]) == WalAdd(task_id, publish_at, context)
     """
     # The same bytes as frame(); concatenation measured faster than %-formatting the body
@@ -95,9 +96,13 @@ def decode_wal_line(line: bytes) -> WalAdd | WalRem | BadLine:
 
 
 def _decode_publish_at(raw: bytes) -> int | None | bool:
-    """``None`` for "0", the integer for a canonical positive decimal, else False."""
+    """``None`` for "0", the integer for a canonical positive decimal, else False.
+
+    Implements F-19: a time above 2**63 - 1 is a body that does not parse (R-@D).
+    """
     if raw == NO_PUBLISH_AT:
         return None
     if not raw or not raw.isdigit() or raw[0] == 0x30 or len(raw) > 20:
         return False
-    return int(raw)
+    value = int(raw)
+    return value if value <= INT_FIELD_MAX else False

@@ -1,4 +1,4 @@
-"""Task-id generation: Lamport-seeded ids ``{seed}-{pid}-{n}`` (W-5).
+"""Task-id generation: Lamport-seeded ids ``{seed}-{pid}-{n}`` (W-28).
 
 Theory of operation: a seed is an integer that starts above the wall clock and
 above every id seed found in the WAL files a worker adopted, and then advances
@@ -17,7 +17,8 @@ import threading
 import weakref
 from collections.abc import Iterator
 
-from deferq._core.limits import SEED_TICK_S
+from deferq._core.errors import LimitExceededError
+from deferq._core.limits import INT_FIELD_MAX, SEED_TICK_S
 from deferq._engine.env import Env
 
 
@@ -72,6 +73,13 @@ class IdSource:
             return f"{hot[2]}{next(hot[3])}"
         with self._mutex:
             seed = self._advance()
+            if seed > INT_FIELD_MAX:
+                # Implements W-28: a seed no reader parses back would let a later start
+                # issue the same ids again; only a record deferq refuses to write today
+                # (C-24) can bring the seed here.
+                raise LimitExceededError(
+                    f"no task id can be generated: the seed {seed} is above {INT_FIELD_MAX}, "
+                    f"pushed there by an id in the storage directory; pass task_id= instead")
             # The hot tuple serves until the clock reaches the next tick (it may then
             # still serve a moment, with its own seed's counter: see the class doc).
             hot = self._hot = (self._start_s + (self._ticks + 1) * SEED_TICK_S, pid,
@@ -79,9 +87,9 @@ class IdSource:
             return f"{hot[2]}{next(hot[3])}"
 
     def current_seed(self) -> int:
-        """The seed now, for the rotation marker (W-5)."""
+        """The seed now, for the rotation marker (W-28), at most what a reader parses back."""
         with self._mutex:
-            return self._advance()
+            return min(self._advance(), INT_FIELD_MAX)
 
 
 _SOURCES: weakref.WeakKeyDictionary[Env, IdSource] = weakref.WeakKeyDictionary()

@@ -110,7 +110,7 @@ class TasksWal(WalSweep):
         if replay.corrupt:
             log.warning("Detected %d corrupted deferred task record(s) in %s", replay.corrupt,
                         ", ".join(join(path, name) for name, _ in claimed))
-        # Implements W-5: ids start above every id seen and above the clock.
+        # Implements W-28: ids start above every id seen and above the clock.
         self._ids = id_source(env)
         self._ids.raise_floor(replay.seed_max + 1)
         if claimed:

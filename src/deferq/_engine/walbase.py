@@ -50,7 +50,7 @@ class WalBase:
     _sync_failed: bool
     _fsync_frequency_s: float
     _sync_due_s: float
-    # The live tasks (id -> add line) and the id source (W-5, W-7).
+    # The live tasks (id -> add line) and the id source (W-28, W-7).
     _live: dict[str, bytes]
     _ids: IdSource
     # The main file, the end of its records, the reserved space and its mapping (W-25, W-26).

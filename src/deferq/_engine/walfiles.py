@@ -112,7 +112,7 @@ class WalFiles(WalBase):
     def _write_fresh_copy(self) -> tuple[str, int]:
         """Implements W-10's first steps (shared with W-3): a new file holding every pending task.
 
-        Creates the file (W-1), writes the seed marker (W-5) and every pending
+        Creates the file (W-1), writes the seed marker (W-28) and every pending
         task's ``add`` line, and fsyncs it. Raises ``StorageBrokenError`` when the
         WAL must fail-stop; any other ``OSError`` means the copy was durably
         discarded (``_discard_copy``) and the old files are still the WAL.
@@ -120,7 +120,7 @@ class WalFiles(WalBase):
         env = self._env
         name, fd = self._create_file()
         try:
-            # Implements W-5: a marker carrying the current seed keeps ids issued before
+            # Implements W-28: a marker carrying the current seed keeps ids issued before
             # the copy (whose records the old files take with them) from being reissued.
             write_all(env, fd, encode_rem(f"{self._ids.current_seed()}-{self._pid}-0"))
             batch: list[bytes] = []

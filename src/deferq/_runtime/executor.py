@@ -230,7 +230,8 @@ class Executor:
             log.error("deferred task %s (%s) attempt %d of %d failed: %s: %s; dead-lettered",
                       task_id, cls.task_name, attempts, cls.max_retries + 1,
                       type(exc).__name__, exc, exc_info=exc)
-            await self._journal.give_up(task_id, data, exc, cls.task_name, attempts)
+            await self._journal.give_up(task_id, data, exc, cls.task_name, attempts,
+                                        context.enqueued_at)
             return False
         scheduler = self._scheduler
         bp = scheduler.backpressure
@@ -276,13 +277,14 @@ class Executor:
         log.error("deferred task %s (%s) cannot be loaded: %s; dead-lettered", pending.task_id,
                   task_class_name(name), reason)
         try:
-            attempts = self._codec.decode(pending.context).attempts
+            loaded = self._codec.decode(pending.context)
+            attempts, enqueued_at = loaded.attempts, loaded.enqueued_at
         except ContextError:
-            attempts = 0
+            attempts, enqueued_at = 0, None
         error = UnloadableTaskError(f"cannot load the task: {reason}")
         # Implements Q-31: whatever the record holds, the name fits a dead-task record.
         await self._journal.give_up(pending.task_id, pending.context, error,
-                                    task_class_name(name), attempts)
+                                    task_class_name(name), attempts, enqueued_at)
 
 
 async def _pooled_call(future: Awaitable[object]) -> None:

@@ -95,11 +95,15 @@ class Journal:
         self._flush_later(disk)
 
     async def give_up(self, task_id: str, data: bytes, exc: BaseException, task_class: str,
-                      attempts: int) -> None:
-        """Implements D-13 / Q-8: dead-task write first, WAL removal only after it returned."""
+                      attempts: int, enqueued_at: int | None = None) -> None:
+        """Implements D-13 / Q-8: dead-task write first, WAL removal only after it returned.
+
+        ``enqueued_at`` is the record's first enqueue time (Q-65), None when it has none.
+        """
         try:
             await asyncio.to_thread(self.backend.add_dead_task, task_id, data, exc,
-                                    task_class=task_class, attempts=attempts)
+                                    task_class=task_class, attempts=attempts,
+                                    enqueued_at=enqueued_at)
         except Exception as dead:  # noqa: BLE001 - the task must stay in the WAL
             log.error("deferred task %s could not be dead-lettered (%s: %s); it stays in the WAL "
                       "and is replayed at the next start", task_id, type(dead).__name__, dead)

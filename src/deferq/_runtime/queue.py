@@ -34,7 +34,7 @@ import enum
 import logging
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
 from deferq._core.limits import (
@@ -50,6 +50,7 @@ from deferq._runtime.backpressure import Backpressure
 from deferq._runtime.cancel import Canceller
 from deferq._runtime.claimer import Claimer
 from deferq._runtime.clock import Clock, SystemClock
+from deferq._runtime.ctxfields import check_meta, enqueue_time
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.executor import Executor
 from deferq._runtime.journal import Journal
@@ -259,13 +260,17 @@ class Queue:
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
 
-    def _prepare(self, task: object, args: tuple[object, ...], kwargs: dict[str, object]
-                 ) -> tuple[bytes, Context, type[Task]]:
+    def _prepare(self, task: object, args: tuple[object, ...], kwargs: dict[str, object],
+                 *, meta: Mapping[str, str] | None = None) -> tuple[bytes, Context, type[Task]]:
         cls = task_class_of(task)
         if self.registry.get(cls.task_name) is not cls:
             raise TaskNotRegisteredError(
                 f"task {cls.task_name!r} is not registered in this queue's registry")
-        context = Context(cls.task_name, args, kwargs, 0)
+        # Implements Q-65: the record keeps when the task was first enqueued.
+        # Implements Q-66: ``meta`` is the internal path's keyword, checked before anything
+        # is stored; the user-facing option is the task's ``options(meta=...)``.
+        context = Context(cls.task_name, args, kwargs, 0, None, enqueue_time(self.clock.time()),
+                          check_meta(meta))
         return self.codec.encode(context), context, cls
 
     def _timing(self, delay: object, delay_until: object) -> tuple[int | None, int | None]:

@@ -4,8 +4,11 @@ Rules (Q-5, Q-6; pickle: Q-18, Q-34 at the end of this module):
 - A context is one line of UTF-8 JSON, an object with exactly the keys
   ``v`` (record version, 1), ``task`` (the registered task name), ``args``
   (a list), ``kwargs`` (an object) and ``attempts`` (failed executions so far,
-  an int >= 0). Key order and separators are fixed, so equal records encode to
-  equal bytes.
+  an int >= 0), then, only for a task deferred with a unique key, ``key`` (a
+  non-empty str, Q-53), and ``enqueued_at`` (the epoch second the task was first
+  enqueued, Q-65) and ``meta`` (the task's metadata, Q-66; ctxfields.py has the
+  optional fields). Key order and separators are
+  fixed, so equal records encode to equal bytes.
 - Encoding is strict: only ``None``, ``bool``, ``int``, ``float`` (finite),
   ``str``, ``list`` and ``dict`` with ``str`` keys are accepted, because those
   are exactly the values that come back from JSON unchanged. A tuple, a set, a
@@ -29,6 +32,13 @@ from typing import Final, NamedTuple
 # Re-exported: the queue's errors module defines them so that jsontypes can raise them too.
 from deferq._runtime.errors import ContextError as ContextError
 from deferq._runtime.errors import SerializationError as SerializationError
+from deferq._runtime.ctxfields import (
+    OPTIONAL_KEYS,
+    pickled_extras,
+    put_extras,
+    read_extras,
+    unpickled_extras,
+)
 from deferq._runtime.jsontypes import JsonTypes
 
 CONTEXT_VERSION: Final = 1
@@ -51,10 +61,14 @@ class Context(NamedTuple):
     args: tuple[JsonValue, ...]
     kwargs: dict[str, JsonValue]
     attempts: int = 0
+    key: str | None = None  # the unique key (Q-53), kept by every retry
+    enqueued_at: int | None = None  # when first enqueued (Q-65), kept by every retry
+    meta: dict[str, str] | None = None  # the task's metadata (Q-66), kept by every retry
 
     def with_attempts(self, attempts: int) -> Context:
         """The same record with another attempts count."""
-        return Context(self.task, self.args, self.kwargs, attempts)
+        return Context(self.task, self.args, self.kwargs, attempts, self.key, self.enqueued_at,
+                       self.meta)
 
 
 def _check_value(value: object, where: str, depth: int = 0) -> None:
@@ -152,7 +166,15 @@ def _encode_scalars(context: Context) -> str | None:
     (and every keyword a plain ``str``), else None: the same text ``_FAST_DUMPS`` writes,
     built without a dict, a list and the encoder's per-item calls."""
     args = _scalars_json(context.args)
-    if args is None or type(context.attempts) is not int:
+    if (args is None or type(context.attempts) is not int or context.key is not None
+            or context.meta is not None):
+        return None
+    enqueued_at = context.enqueued_at
+    if enqueued_at is None:
+        tail = "}"
+    elif type(enqueued_at) is int:
+        tail = f',"enqueued_at":{enqueued_at}}}'  # Implements Q-65.
+    else:
         return None
     kwargs = context.kwargs
     if kwargs:
@@ -170,7 +192,7 @@ def _encode_scalars(context: Context) -> str | None:
         head = f'{{"v":{CONTEXT_VERSION},"task":{_encode_str(context.task)},"args":['
         if len(_RECORD_HEADS) < _RECORD_HEADS_MAX:
             _RECORD_HEADS[context.task] = head
-    return f'{head}{",".join(args)}],"kwargs":{{{items}}},"attempts":{context.attempts}}}'
+    return f'{head}{",".join(args)}],"kwargs":{{{items}}},"attempts":{context.attempts}{tail}'
 
 
 def encode_context(context: Context) -> bytes:
@@ -191,6 +213,7 @@ def encode_context(context: Context) -> bytes:
     record: dict[str, object] = {
         "v": CONTEXT_VERSION, "task": context.task, "args": list(context.args),
         "kwargs": context.kwargs, "attempts": context.attempts}
+    put_extras(record, context.key, context.enqueued_at, context.meta)
     text = _FAST_DUMPS(record)
     try:
         return text.encode("utf-8")
@@ -267,9 +290,10 @@ def decode_context(data: bytes, json_types: JsonTypes | None = None) -> Context:
     if record.get("v") != CONTEXT_VERSION and not tagged:
         raise ContextError(f"context record version {record.get('v')!r} is not supported "
                            f"(expected {CONTEXT_VERSION})")
-    extra = sorted(set(record) - set(_KEYS))
+    extra = sorted(set(record) - set(_KEYS) - set(OPTIONAL_KEYS))
     if extra:
         raise ContextError(f"context has unknown field(s) {', '.join(map(repr, extra))}")
+    extras = read_extras(record)
     task, args, kwargs, attempts = (record.get(k) for k in _KEYS[1:])
     if not isinstance(task, str) or not task:
         raise ContextError("context has no task name")
@@ -285,7 +309,7 @@ def decode_context(data: bytes, json_types: JsonTypes | None = None) -> Context:
         assert isinstance(decoded, list)
         args, kwargs = decoded
         assert isinstance(args, list) and isinstance(kwargs, dict)
-    return Context(task=task, args=tuple(args), kwargs=dict(kwargs), attempts=attempts)
+    return Context(task, tuple(args), dict(kwargs), attempts, *extras)
 
 
 # ----------------------------------------------------------------------------- codecs (Q-18, Q-34)
@@ -335,8 +359,10 @@ class ContextCodec:
             if self.json_types is not None:
                 return self._encode_tagged(context)
             return encode_context(context)
-        record = (CONTEXT_VERSION, context.task, tuple(context.args), dict(context.kwargs),
-                  context.attempts)
+        record: tuple[object, ...] = (CONTEXT_VERSION, context.task, tuple(context.args),
+                                      dict(context.kwargs), context.attempts)
+        # Implements Q-53 and Q-65 for a pickled context.
+        record += pickled_extras(context.key, context.enqueued_at, context.meta)
         try:
             body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - pickling can fail with any exception
@@ -353,6 +379,7 @@ class ContextCodec:
         record: dict[str, object] = {"v": TAGGED_CONTEXT_VERSION, "task": context.task,
                                      "args": args, "kwargs": kwargs,
                                      "attempts": context.attempts}
+        put_extras(record, context.key, context.enqueued_at, context.meta)
         try:
             return _dumps(record).encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -377,11 +404,13 @@ class ContextCodec:
         except Exception as exc:  # noqa: BLE001 - an authenticated pickle may still not load
             raise ContextError(f"pickled context does not load: {type(exc).__name__}: {exc}"
                                ) from None
-        if not (isinstance(record, tuple) and len(record) == 5 and record[0] == CONTEXT_VERSION
+        extras = unpickled_extras(record[5:]) if isinstance(record, tuple) else None
+        if not (isinstance(record, tuple) and len(record) >= 5 and extras is not None
+                and record[0] == CONTEXT_VERSION
                 and isinstance(record[1], str) and record[1] and isinstance(record[2], tuple)
                 and isinstance(record[3], dict) and type(record[4]) is int and record[4] >= 0):
             raise ContextError("pickled context is not a deferq task record")
-        return Context(task=record[1], args=record[2], kwargs=dict(record[3]), attempts=record[4])
+        return Context(record[1], record[2], dict(record[3]), record[4], *extras)
 
     def peek_task_name(self, data: bytes) -> str | None:
         """The task name if it can be read without running untrusted code, else None."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from deferq._core.errors import LimitExceededError
-from deferq._core.limits import CONTEXT_BYTES_MAX, TASK_CLASS_BYTES_MAX
-from deferq._core.taskid import check_task_id
+from deferq._core.limits import CONTEXT_BYTES_MAX, INT_FIELD_MAX, TASK_CLASS_BYTES_MAX
+from deferq._core.taskid import caller_id_problem, check_task_id
 
 
 def check_context(context: object) -> bytes:
@@ -34,6 +34,16 @@ def check_publish_at(publish_at: object) -> int | None:
     return publish_at
 
 
+def check_caller_id(task_id: object) -> str:
+    """An id a caller gives ``add_task``: valid (F-5) and with a seed that leaves generated
+    ids room to grow (C-24)."""
+    tid = check_task_id(task_id)
+    problem = caller_id_problem(tid)
+    if problem is not None:
+        raise ValueError(f"invalid task_id {tid!r}: it {problem}")
+    return tid
+
+
 def check_count(name: str, value: object, *, allow_none: bool) -> int | None:
     if value is None and allow_none:
         return None
@@ -46,8 +56,10 @@ def check_count(name: str, value: object, *, allow_none: bool) -> int | None:
 
 
 def check_dead_task(task_id: object, context: object, exception: object, task_class: object,
-                    attempts: object) -> tuple[str, bytes, BaseException, str, int]:
-    """The arguments of ``add_dead_task``, checked (C-7): id, context, exception, class, attempts."""
+                    attempts: object, enqueued_at: object = None
+                    ) -> tuple[str, bytes, BaseException, str, int, int | None]:
+    """The arguments of ``add_dead_task``, checked (C-7, C-23): id, context, exception, class,
+    attempts and the time the task was first enqueued (None: not known)."""
     tid = check_task_id(task_id)
     data = check_context(context)
     if not isinstance(exception, BaseException):
@@ -59,7 +71,15 @@ def check_dead_task(task_id: object, context: object, exception: object, task_cl
         raise LimitExceededError(f"task_class must be at most {TASK_CLASS_BYTES_MAX} bytes")
     count = check_count("attempts", attempts, allow_none=False)
     assert count is not None
-    return tid, data, exception, task_class, count
+    if count > INT_FIELD_MAX:  # Implements F-19 at the call.
+        raise ValueError(f"attempts must be at most {INT_FIELD_MAX} (2**63 - 1), the largest "
+                         f"integer a dead-task record holds")
+    # Implements C-23: an epoch second the format can store (F-17).
+    first = check_count("enqueued_at", enqueued_at, allow_none=True)
+    if first is not None and first > INT_FIELD_MAX:
+        raise ValueError(f"enqueued_at must be at most {INT_FIELD_MAX} (2**63 - 1), the "
+                         f"largest integer a dead-task record holds")
+    return tid, data, exception, task_class, count, first
 
 
 def check_ids(ids: object) -> set[str]:

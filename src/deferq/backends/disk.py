@@ -34,6 +34,7 @@ from deferq._engine.env import Cancel, Env
 from deferq._engine.osenv import OS_ENV
 from deferq._engine.wal import TasksWal
 from deferq.backends._arguments import (
+    check_caller_id,
     check_context,
     check_dead_task,
     check_ids,
@@ -116,7 +117,7 @@ class Disk:
         else:
             data = check_context(context)
         when = None if publish_at is None else check_publish_at(publish_at)
-        tid = None if task_id is None else check_task_id(task_id)
+        tid = None if task_id is None else check_caller_id(task_id)
         if sync is not True and sync is not False:
             raise ValueError(f"sync must be a bool, not {type(sync).__name__}")
         return self._wal.add(data, when, tid, sync)
@@ -169,11 +170,11 @@ class Disk:
 
     # --- dead-task store
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
-                      task_class: str, attempts: int) -> str:
+                      task_class: str, attempts: int, enqueued_at: int | None = None) -> str:
         """Durably record a task that gave up; return its id (S-4, D-7)."""
-        tid, data, error, name, count = check_dead_task(task_id, context, exception, task_class,
-                                                        attempts)
-        task = dead_task_for(tid, data, error, name, count, int(self._env.time()))
+        tid, data, error, name, count, first = check_dead_task(
+            task_id, context, exception, task_class, attempts, enqueued_at)
+        task = dead_task_for(tid, data, error, name, count, int(self._env.time()), first)
         return self._dead.add(task)
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:

@@ -8,7 +8,7 @@ Rules:
   same shape as ``Disk``'s (``{seed}-{pid}-{n}``).
 - Dead tasks are kept, unlike ``Nil``: listed newest first, each id once at its latest
   record; find, remove, and the record's fields (exception class, message, backtrace,
-  clipped) are exactly what ``Disk`` would store (F-10, F-12).
+  clipped) are exactly what ``Disk`` would store (F-10, F-17).
 - Nothing survives the process; everything survives a ``Queue`` restart on the same
   instance, which is how a test checks replay. ``close`` makes every later call raise
   ``StorageClosedError``; reopen with ``reopen()``.
@@ -29,6 +29,7 @@ from deferq._core.limits import SWEEP_FILES_MAX
 from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask, PendingTask
 from deferq.backends._arguments import (
+    check_caller_id,
     check_context,
     check_dead_task,
     check_ids,
@@ -71,7 +72,7 @@ class Memory:
                  task_id: str | None = None, *, sync: bool = True) -> str:
         data = check_context(context)
         when = check_publish_at(publish_at)
-        tid = None if task_id is None else check_task_id(task_id)
+        tid = None if task_id is None else check_caller_id(task_id)
         if sync is not True and sync is not False:
             raise ValueError(f"sync must be a bool, not {type(sync).__name__}")
         with self._lock:
@@ -124,10 +125,10 @@ class Memory:
 
     # --- dead tasks
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
-                      task_class: str, attempts: int) -> str:
-        tid, data, error, name, count = check_dead_task(task_id, context, exception, task_class,
-                                                        attempts)
-        task = dead_task_for(tid, data, error, name, count, int(self._now()))
+                      task_class: str, attempts: int, enqueued_at: int | None = None) -> str:
+        tid, data, error, name, count, first = check_dead_task(
+            task_id, context, exception, task_class, attempts, enqueued_at)
+        task = dead_task_for(tid, data, error, name, count, int(self._now()), first)
         with self._lock:
             self._check_open()
             self._dead.pop(tid, None)  # the latest record of an id is the one that counts

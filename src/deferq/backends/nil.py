@@ -47,7 +47,7 @@ class Nil:
         return None
 
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
-                      task_class: str, attempts: int) -> None:
+                      task_class: str, attempts: int, enqueued_at: int | None = None) -> None:
         return None
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:

@@ -243,11 +243,14 @@ class Postgres:
 
     # --- dead tasks
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
-                      task_class: str, attempts: int) -> str:
-        """Implements P-30: insert the dead task and delete the pending one, atomically."""
-        tid, data, error, name, count = check_dead_task(task_id, context, exception, task_class,
-                                                        attempts)
-        task = dead_task_for(tid, data, error, name, count, int(time.time()))
+                      task_class: str, attempts: int, enqueued_at: int | None = None) -> str:
+        """Implements P-30: insert the dead task and delete the pending one, atomically.
+
+        ``enqueued_at`` is when the task was first enqueued (C-23, F-17).
+        """
+        tid, data, error, name, count, first = check_dead_task(
+            task_id, context, exception, task_class, attempts, enqueued_at)
+        task = dead_task_for(tid, data, error, name, count, int(time.time()), first)
         try:
             self._do("add a dead task", lambda c: _pgdead.add_dead(c, self._s, task), retry=True)
         finally:

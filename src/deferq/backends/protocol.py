@@ -44,8 +44,12 @@ class Backend(DeadTaskAdmin, Protocol):
     """A storage backend the ``Queue`` runs on: pending tasks, durability, dead tasks."""
 
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
-                      task_class: str, attempts: int) -> str | None:
+                      task_class: str, attempts: int, enqueued_at: int | None = None
+                      ) -> str | None:
         """Durably store a task that gave up; return its id (None if nothing is stored).
+
+        ``enqueued_at`` is the epoch second the task was first enqueued, kept in the dead
+        task's ``enqueued_at``; None when the caller does not know it (C-23, F-17).
 
         When this returns, the dead task survives a crash of this process (and, for a
         durable backend, a power loss): the queue removes the pending task only then.

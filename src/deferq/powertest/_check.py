@@ -4,7 +4,7 @@ Theory of operation. ``_observe.observe`` reads the files as they are; ``Ledger`
 an observation with ``check_recovered`` (D-1..D-4, D-7, D-9, D-13), plus the
 explicit checks the model cannot express: a copy of a task in a second WAL
 must carry bytes some add wrote for that id (D-4); an id the engine generated
-must never have been seen before (W-5); a task a restarted worker adopts must
+must never have been seen before (W-28); a task a restarted worker adopts must
 have been written by some add (D-4). Dead-store writes whose calls overlapped may
 have taken the lock in either order: ``_deadwrites.DeadWrites`` keeps their time spans
 and says when a rejected dead task is explained by that (D-11).
@@ -142,7 +142,7 @@ class Ledger:
             # acknowledged: bind it (as an issued, in-flight write) before judging the ack.
             task_id = _str(event["id"])
             if task_id in self.ids_seen:
-                self.violations.append(f"W-5: the engine generated id {task_id!r} for a new task,"
+                self.violations.append(f"W-28: the engine generated id {task_id!r} for a new task,"
                                        f" but that id was used before")
             task = _pending_of(op.fields)
             waiting = self._unknown.get(task.context, [])

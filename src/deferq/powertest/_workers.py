@@ -160,11 +160,13 @@ class ReportingDisk:
         self.emit.ack(seq)
 
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
-                      task_class: str, attempts: int) -> str:
+                      task_class: str, attempts: int,
+                      enqueued_at: int | None = None) -> str:
         seq = self.emit.issue("dead", id=task_id, h=digest(context), c=task_class, n=attempts,
                               m=str(exception))
         result = self._call(seq, lambda: self.disk.add_dead_task(
-            task_id, context, exception, task_class=task_class, attempts=attempts))
+            task_id, context, exception, task_class=task_class, attempts=attempts,
+            enqueued_at=enqueued_at))
         self.emit.ack(seq)
         return result
 
@@ -281,11 +283,13 @@ class ReportingQueueDisk(Disk):
         self.emit.ack(seq)
 
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
-                      task_class: str, attempts: int) -> str:
+                      task_class: str, attempts: int,
+                      enqueued_at: int | None = None) -> str:
         seq = self.emit.issue("dead", id=task_id, h=digest(context), c=task_class, n=attempts,
                               m=str(exception))
         result = self._call(seq, lambda: super(ReportingQueueDisk, self).add_dead_task(
-            task_id, context, exception, task_class=task_class, attempts=attempts))
+            task_id, context, exception, task_class=task_class, attempts=attempts,
+            enqueued_at=enqueued_at))
         self.emit.ack(seq)
         return result
 
