@@ -21,6 +21,7 @@ from deferq._runtime.backpressure import Backpressure
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.errors import PushTimeout, UnloadableTaskError
 from deferq._runtime.jsontypes import JsonTypes
+from deferq._runtime.options import ConfiguredTask
 from deferq._runtime.serialize import ContextCodec, ContextError, SerializationError
 from deferq._runtime.task import Task, TaskFunction, TaskRegistry, task
 from deferq._core.types import DeadTask, PendingTask
@@ -29,6 +30,7 @@ __all__ = [
     "Backpressure",
     "Clock",
     "Config",
+    "ConfiguredTask",
     "ContextCodec",
     "ContextError",
     "DeadTask",

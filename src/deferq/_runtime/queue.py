@@ -34,6 +34,7 @@ import logging
 import math
 import random
 from collections.abc import Iterable
+from typing import ParamSpec, TypeVar
 
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
 from deferq._core.types import DeadTask, PendingTask
@@ -43,12 +44,18 @@ from deferq._runtime.errors import PushTimeout
 from deferq._runtime.executor import Executor
 from deferq._runtime.journal import Journal
 from deferq._runtime.operator import Operator, Retried
+from deferq._runtime.options import NO_OPTIONS, ConfiguredTask, DeferOptions, Performs
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import JSON_CODEC, Context, ContextCodec, ContextError
-from deferq._runtime.task import REGISTRY, Task, TaskRegistry, task_class_of
+from deferq._runtime.task import REGISTRY, Task, TaskFunction, TaskRegistry, task_class_of
 from deferq.backends.protocol import Backend
 
 log = logging.getLogger("deferq.queue")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+# What ``defer`` takes: a task, checked by mypy against its signature (Q-50).
+Deferrable = TaskFunction[P, R] | type[Performs[P]] | ConfiguredTask[P]
 
 
 class _State(enum.Enum):
@@ -149,6 +156,42 @@ class Queue:
             self._state = _State.STOPPED
         return finished
 
+    # ------------------------------------------------------------------ defer
+    def defer(self, task: Deferrable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> str:
+        """Persist a task in the WAL, then schedule it; return its id (Q-50, Q-7).
+
+        Every argument after ``task`` goes to the task, keywords included; options are
+        given on the task: ``queue.defer(send.options(delay=60, key="k"), "a@example.com")``.
+        mypy checks the arguments against the task's signature (``perform``'s for a
+        ``Task`` subclass). Backpressure as ``enqueue``: ``PushTimeout`` at once.
+
+        Raises:
+            NotATaskError: ``task`` is not a task; TaskNotRegisteredError: not in this
+            queue's registry; SerializationError: an argument cannot be stored.
+        """
+        cls, options = self._resolve(task)
+        data, context, cls = self._prepare(cls, args, kwargs)
+        self._refuse_above_high_water()
+        publish_at, publish_in = self._publish(options)
+        return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
+
+    async def adefer(self, task: Deferrable[P, R], /, *args: P.args,
+                     **kwargs: P.kwargs) -> str:
+        """``defer`` that waits for backpressure, and on a power-safe ``Disk`` returns once
+        a group commit made the task durable, as ``aenqueue`` does (Q-50, Q-11, Q-20)."""
+        cls, options = self._resolve(task)
+        data, context, cls = self._prepare(cls, args, kwargs)
+        return await self._apersist(data, context, cls, self._publish(options))
+
+    def _resolve(self, task: object) -> tuple[type[Task], DeferOptions]:
+        options = task.options if isinstance(task, ConfiguredTask) else NO_OPTIONS
+        return task_class_of(task), options
+
+    def _publish(self, options: DeferOptions) -> tuple[int | None, int | None]:
+        if options.delay_s is None and options.at_s is None:
+            return None, None  # the common case reads no clock
+        return options.timing(int(self.clock.time()))
+
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, task: object, /, *args: object, delay: object = None,
                 delay_until: object = None, **kwargs: object) -> str:
@@ -160,13 +203,10 @@ class Queue:
         synchronous call cannot wait: above the high water mark it raises ``PushTimeout``
         at once; ``await aenqueue(...)`` waits up to the timeout instead.
         """
-        data, context, cls = self._prepare(task, args, kwargs)
-        bp = self.backpressure
-        if bp is not None and self._scheduler.backlog > bp.high_water_mark:
-            backlog = self._scheduler.backlog
-            raise PushTimeout(f"could not enqueue deferred task: backlog {backlog} is above "
-                              f"the high water mark {bp.high_water_mark}")
-        return self._persist_and_schedule(data, context, cls, delay, delay_until)
+        data, context, cls = self._prepare(task_class_of(task), args, kwargs)
+        self._refuse_above_high_water()
+        publish_at, publish_in = self._timing(delay, delay_until)
+        return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
 
     async def aenqueue(self, task: object, /, *args: object, delay: object = None,
                        delay_until: object = None, **kwargs: object) -> str:
@@ -175,23 +215,33 @@ class Queue:
         On a power-safe ``Disk`` it returns once a group commit made the task durable,
         without blocking the event loop on the fsync (Q-20).
         """
-        data, context, cls = self._prepare(task, args, kwargs)
+        data, context, cls = self._prepare(task_class_of(task), args, kwargs)
+        return await self._apersist(data, context, cls, self._timing(delay, delay_until))
+
+    async def _apersist(self, data: bytes, context: Context, cls: type[Task],
+                        timing: tuple[int | None, int | None]) -> str:
         bp = self.backpressure
         if bp is not None and self._scheduler.backlog > bp.high_water_mark:
             await self._scheduler.make_room()  # (tested here first: no coroutine per enqueue)
         journal = self._journal
+        publish_at, publish_in = timing
         if not journal.commits_here():
             # Not a power-safe Disk, not started, or awaited on another loop: the inline
             # fsync of ``enqueue``.
-            return self._persist_and_schedule(data, context, cls, delay, delay_until)
-        publish_at, publish_in = self._timing(delay, delay_until)
+            return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
         task_id = await journal.add_durable(data, publish_at)
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
 
-    def _prepare(self, task: object, args: tuple[object, ...], kwargs: dict[str, object]
+    def _refuse_above_high_water(self) -> None:
+        bp = self.backpressure
+        if bp is not None and self._scheduler.backlog > bp.high_water_mark:
+            backlog = self._scheduler.backlog
+            raise PushTimeout(f"could not enqueue deferred task: backlog {backlog} is above "
+                              f"the high water mark {bp.high_water_mark}")
+
+    def _prepare(self, cls: type[Task], args: tuple[object, ...], kwargs: dict[str, object]
                  ) -> tuple[bytes, Context, type[Task]]:
-        cls = task_class_of(task)
         if self.registry.get(cls.task_name) is not cls:
             raise TaskNotRegisteredError(
                 f"task {cls.task_name!r} is not registered in this queue's registry")
@@ -217,8 +267,7 @@ class Queue:
         return None, None
 
     def _persist_and_schedule(self, data: bytes, context: Context, cls: type[Task],
-                              delay: object, delay_until: object) -> str:
-        publish_at, publish_in = self._timing(delay, delay_until)
+                              publish_at: int | None, publish_in: int | None) -> str:
         task_id = self._journal.add(data, publish_at, None)
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id

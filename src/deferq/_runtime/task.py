@@ -20,6 +20,7 @@ Rules:
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 import math
@@ -38,6 +39,7 @@ from typing import (
 )
 
 from deferq._core.errors import NotATaskError
+from deferq._runtime.options import ConfiguredTask, Performs, check_options
 
 log = logging.getLogger("deferq.queue")
 
@@ -135,6 +137,22 @@ class Task:
             """The task's work. A raised exception is a failed execution."""
             raise NotImplementedError(f"{type(self).__qualname__} must define perform()")
 
+    @classmethod
+    def options(cls: type[Performs[P]], *, delay: float | datetime.timedelta | None = None,
+                at: datetime.datetime | None = None,
+                key: str | None = None) -> ConfiguredTask[P]:
+        """This task with enqueue options, for ``Queue.defer`` (Q-50, Q-51).
+
+        Args:
+            delay: seconds (int or float) or a ``timedelta`` from the enqueue, >= 0.
+            at: a timezone-aware ``datetime`` to run at (a past one runs at once).
+            key: a unique key: while a task with it is pending, ``defer`` stores no other.
+
+        Raises:
+            ValueError: naming the option that is not valid.
+        """
+        return ConfiguredTask(cls, check_options(delay, at, key))
+
     def retry_interval(self, exception: BaseException, attempt: int) -> object:
         """Seconds until the next execution after failure number ``attempt``, or None/False
         to give up. The default is the reference backoff."""
@@ -172,6 +190,12 @@ class TaskFunction(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<deferq task {self.task_class.task_name}>"
+
+    def options(self, *, delay: float | datetime.timedelta | None = None,
+                at: datetime.datetime | None = None,
+                key: str | None = None) -> ConfiguredTask[P]:
+        """This task with enqueue options, for ``Queue.defer``: see ``Task.options``."""
+        return ConfiguredTask(self, check_options(delay, at, key))
 
 
 def _task_class_for(function: Callable[P, R], name: str | None, max_retries: object,
@@ -223,7 +247,9 @@ def task(function: Callable[P, R] | None = None, /, *, name: str | None = None,
 
 
 def task_class_of(ref: object) -> type[Task]:
-    """The Task class behind a task class or a ``@task`` function."""
+    """The Task class behind a task class, a ``@task`` function or a ``ConfiguredTask``."""
+    if isinstance(ref, ConfiguredTask):
+        ref = ref.task
     if isinstance(ref, TaskFunction):
         return ref.task_class
     if isinstance(ref, type) and issubclass(ref, Task) and ref is not Task:
