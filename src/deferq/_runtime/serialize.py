@@ -4,8 +4,9 @@ Rules (Q-5, Q-6; pickle: Q-18, Q-34 at the end of this module):
 - A context is one line of UTF-8 JSON, an object with exactly the keys
   ``v`` (record version, 1), ``task`` (the registered task name), ``args``
   (a list), ``kwargs`` (an object) and ``attempts`` (failed executions so far,
-  an int >= 0). Key order and separators are fixed, so equal records encode to
-  equal bytes.
+  an int >= 0), then, only for a task deferred with a unique key, ``key`` (a
+  non-empty str, Q-53). Key order and separators are fixed, so equal records encode
+  to equal bytes.
 - Encoding is strict: only ``None``, ``bool``, ``int``, ``float`` (finite),
   ``str``, ``list`` and ``dict`` with ``str`` keys are accepted, because those
   are exactly the values that come back from JSON unchanged. A tuple, a set, a
@@ -37,6 +38,7 @@ CONTEXT_VERSION: Final = 1
 TAGGED_CONTEXT_VERSION: Final = 2
 _MAX_DEPTH: Final = 100
 _KEYS: Final = ("v", "task", "args", "kwargs", "attempts")
+_OPTIONAL_KEYS: Final = ("key",)  # Q-53: last, and only when the task has a unique key
 
 # A JSON value as this module accepts it. ``object`` keeps mypy --strict honest
 # without explicit Any: the strict walk below is what checks the shape.
@@ -51,10 +53,11 @@ class Context(NamedTuple):
     args: tuple[JsonValue, ...]
     kwargs: dict[str, JsonValue]
     attempts: int = 0
+    key: str | None = None  # the unique key (Q-53), kept by every retry
 
     def with_attempts(self, attempts: int) -> Context:
         """The same record with another attempts count."""
-        return Context(self.task, self.args, self.kwargs, attempts)
+        return Context(self.task, self.args, self.kwargs, attempts, self.key)
 
 
 def _check_value(value: object, where: str, depth: int = 0) -> None:
@@ -152,7 +155,7 @@ def _encode_scalars(context: Context) -> str | None:
     (and every keyword a plain ``str``), else None: the same text ``_FAST_DUMPS`` writes,
     built without a dict, a list and the encoder's per-item calls."""
     args = _scalars_json(context.args)
-    if args is None or type(context.attempts) is not int:
+    if args is None or type(context.attempts) is not int or context.key is not None:
         return None
     kwargs = context.kwargs
     if kwargs:
@@ -191,6 +194,8 @@ def encode_context(context: Context) -> bytes:
     record: dict[str, object] = {
         "v": CONTEXT_VERSION, "task": context.task, "args": list(context.args),
         "kwargs": context.kwargs, "attempts": context.attempts}
+    if context.key is not None:
+        record["key"] = context.key  # Implements Q-53.
     text = _FAST_DUMPS(record)
     try:
         return text.encode("utf-8")
@@ -267,9 +272,12 @@ def decode_context(data: bytes, json_types: JsonTypes | None = None) -> Context:
     if record.get("v") != CONTEXT_VERSION and not tagged:
         raise ContextError(f"context record version {record.get('v')!r} is not supported "
                            f"(expected {CONTEXT_VERSION})")
-    extra = sorted(set(record) - set(_KEYS))
+    extra = sorted(set(record) - set(_KEYS) - set(_OPTIONAL_KEYS))
     if extra:
         raise ContextError(f"context has unknown field(s) {', '.join(map(repr, extra))}")
+    key = record.get("key")
+    if "key" in record and (not isinstance(key, str) or not key):
+        raise ContextError(f"context field 'key' is {key!r}, not a non-empty str")
     task, args, kwargs, attempts = (record.get(k) for k in _KEYS[1:])
     if not isinstance(task, str) or not task:
         raise ContextError("context has no task name")
@@ -285,7 +293,8 @@ def decode_context(data: bytes, json_types: JsonTypes | None = None) -> Context:
         assert isinstance(decoded, list)
         args, kwargs = decoded
         assert isinstance(args, list) and isinstance(kwargs, dict)
-    return Context(task=task, args=tuple(args), kwargs=dict(kwargs), attempts=attempts)
+    return Context(task=task, args=tuple(args), kwargs=dict(kwargs), attempts=attempts,
+                   key=key)
 
 
 # ----------------------------------------------------------------------------- codecs (Q-18, Q-34)
@@ -335,8 +344,10 @@ class ContextCodec:
             if self.json_types is not None:
                 return self._encode_tagged(context)
             return encode_context(context)
-        record = (CONTEXT_VERSION, context.task, tuple(context.args), dict(context.kwargs),
-                  context.attempts)
+        record: tuple[object, ...] = (CONTEXT_VERSION, context.task, tuple(context.args),
+                                      dict(context.kwargs), context.attempts)
+        if context.key is not None:
+            record += (context.key,)  # Implements Q-53 for a pickled context.
         try:
             body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - pickling can fail with any exception
@@ -353,6 +364,8 @@ class ContextCodec:
         record: dict[str, object] = {"v": TAGGED_CONTEXT_VERSION, "task": context.task,
                                      "args": args, "kwargs": kwargs,
                                      "attempts": context.attempts}
+        if context.key is not None:
+            record["key"] = context.key  # Implements Q-53.
         try:
             return _dumps(record).encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -377,11 +390,14 @@ class ContextCodec:
         except Exception as exc:  # noqa: BLE001 - an authenticated pickle may still not load
             raise ContextError(f"pickled context does not load: {type(exc).__name__}: {exc}"
                                ) from None
-        if not (isinstance(record, tuple) and len(record) == 5 and record[0] == CONTEXT_VERSION
+        if not (isinstance(record, tuple) and len(record) in (5, 6)
+                and record[0] == CONTEXT_VERSION
                 and isinstance(record[1], str) and record[1] and isinstance(record[2], tuple)
-                and isinstance(record[3], dict) and type(record[4]) is int and record[4] >= 0):
+                and isinstance(record[3], dict) and type(record[4]) is int and record[4] >= 0
+                and (len(record) == 5 or (isinstance(record[5], str) and record[5]))):
             raise ContextError("pickled context is not a deferq task record")
-        return Context(task=record[1], args=record[2], kwargs=dict(record[3]), attempts=record[4])
+        return Context(task=record[1], args=record[2], kwargs=dict(record[3]), attempts=record[4],
+                       key=record[5] if len(record) == 6 else None)
 
     def peek_task_name(self, data: bytes) -> str | None:
         """The task name if it can be read without running untrusted code, else None."""
