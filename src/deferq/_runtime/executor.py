@@ -145,6 +145,7 @@ class Executor:
             instance = cls()
             instance.rng, instance.task_id, instance.attempt = (
                 self._rng, task_id, context.attempts + 1)
+            self._journal.book.begun(task_id)  # RUNNING until its outcome is written
             perform: object = getattr(instance, "perform")
             if not callable(perform):
                 raise TypeError(f"{cls.task_name}.perform is not callable")
@@ -203,6 +204,7 @@ class Executor:
             await self.dead_letter_unloadable(pending, str(reason))
             return False
         publish_in = None if pending.publish_at is None else pending.publish_at - now
+        self._journal.book.added(pending.task_id, pending.publish_at, context.key)
         self._scheduler.schedule(pending.task_id, context, cls, publish_in)
         return True
 

@@ -1,4 +1,4 @@
-"""Enqueue options given apart from a task's arguments: ``task.options(...)`` (spec/queue.md Q-50..Q-52).
+"""Enqueue options given apart from a task's arguments: ``task.options(...)`` (spec/queue.md Q-50..Q-54).
 
 Rules:
 - ``queue.defer(task, *args, **kwargs)`` passes every keyword to the task: options never
@@ -8,7 +8,7 @@ Rules:
   >= 0 and at most ``DELAY_S_MAX``; ``at`` is a timezone-aware ``datetime``. At most one
   of them. Both are checked when ``options`` is called, so a bad value fails where it was
   written, naming the option (Q-51). Times are whole seconds, as the WAL stores them.
-- ``key`` is a unique key: a non-empty ``str`` of at most ``TASK_KEY_BYTES_MAX``
+- ``key`` is a unique key (Q-54): a non-empty ``str`` of at most ``TASK_KEY_BYTES_MAX``
   UTF-8 bytes.
 
 Typing: ``TaskFunction[P, R].options`` and ``Task.options`` return ``ConfiguredTask[P]``,

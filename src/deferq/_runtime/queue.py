@@ -39,6 +39,7 @@ from typing import ParamSpec, TypeVar
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
 from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.backpressure import Backpressure
+from deferq._runtime.book import TaskBook
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.executor import Executor
@@ -89,7 +90,8 @@ class Queue:
         self.rng = random.Random() if rng is None else rng
         self.operator = Operator(backend, backend)
         self._state = _State.NEW
-        self._journal = Journal(backend)
+        self._book = TaskBook()
+        self._journal = Journal(backend, self._book)
         self._scheduler = Scheduler(self.clock, backpressure)
         self._executor = Executor(self._scheduler, self._journal, registry=self.registry,
                                   codec=self.codec, clock=self.clock, rng=self.rng)
@@ -170,7 +172,7 @@ class Queue:
             queue's registry; SerializationError: an argument cannot be stored.
         """
         cls, options = self._resolve(task)
-        data, context, cls = self._prepare(cls, args, kwargs)
+        data, context, cls = self._prepare(cls, args, kwargs, options.key)
         self._refuse_above_high_water()
         publish_at, publish_in = self._publish(options)
         return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
@@ -180,7 +182,7 @@ class Queue:
         """``defer`` that waits for backpressure, and on a power-safe ``Disk`` returns once
         a group commit made the task durable, as ``aenqueue`` does (Q-50, Q-11, Q-20)."""
         cls, options = self._resolve(task)
-        data, context, cls = self._prepare(cls, args, kwargs)
+        data, context, cls = self._prepare(cls, args, kwargs, options.key)
         return await self._apersist(data, context, cls, self._publish(options))
 
     def _resolve(self, task: object) -> tuple[type[Task], DeferOptions]:
@@ -229,7 +231,20 @@ class Queue:
             # Not a power-safe Disk, not started, or awaited on another loop: the inline
             # fsync of ``enqueue``.
             return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
-        task_id = await journal.add_durable(data, publish_at)
+        key, book = context.key, self._book
+        if key is None:
+            task_id = journal.add_unsynced(data, publish_at)
+            book.added(task_id, publish_at)
+        else:
+            with book.lock:  # Implements Q-54: the check and the write are one step.
+                owner = book.owner(key)
+                if owner is None:
+                    task_id = journal.add_unsynced(data, publish_at)
+                    book.added(task_id, publish_at, key)
+            if owner is not None:
+                await journal.commit_written()  # Implements Q-56.
+                return owner
+        await journal.commit_written()
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
 
@@ -240,12 +255,12 @@ class Queue:
             raise PushTimeout(f"could not enqueue deferred task: backlog {backlog} is above "
                               f"the high water mark {bp.high_water_mark}")
 
-    def _prepare(self, cls: type[Task], args: tuple[object, ...], kwargs: dict[str, object]
-                 ) -> tuple[bytes, Context, type[Task]]:
+    def _prepare(self, cls: type[Task], args: tuple[object, ...], kwargs: dict[str, object],
+                 key: str | None = None) -> tuple[bytes, Context, type[Task]]:
         if self.registry.get(cls.task_name) is not cls:
             raise TaskNotRegisteredError(
                 f"task {cls.task_name!r} is not registered in this queue's registry")
-        context = Context(cls.task_name, args, kwargs, 0)
+        context = Context(cls.task_name, args, kwargs, 0, key)
         return self.codec.encode(context), context, cls
 
     def _timing(self, delay: object, delay_until: object) -> tuple[int | None, int | None]:
@@ -268,7 +283,19 @@ class Queue:
 
     def _persist_and_schedule(self, data: bytes, context: Context, cls: type[Task],
                               publish_at: int | None, publish_in: int | None) -> str:
-        task_id = self._journal.add(data, publish_at, None)
+        key, book = context.key, self._book
+        if key is None:
+            task_id = self._journal.add(data, publish_at, None)
+            book.added(task_id, publish_at)
+        else:
+            with book.lock:  # Implements Q-54: the check and the write are one step.
+                owner = book.owner(key)
+                if owner is None:
+                    task_id = self._journal.add(data, publish_at, None)
+                    book.added(task_id, publish_at, key)
+            if owner is not None:
+                self._journal.sync_written()  # Implements Q-56.
+                return owner
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
 
@@ -302,6 +329,7 @@ class Queue:
                     PendingTask(item.new_id, item.context, None),
                     f"task {context.task!r} is not registered")
                 continue
+            self._book.added(item.new_id, None, context.key)
             self._scheduler.schedule(item.new_id, context, cls, None)
         return retried, missing
 

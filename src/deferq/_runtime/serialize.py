@@ -53,7 +53,7 @@ class Context(NamedTuple):
     args: tuple[JsonValue, ...]
     kwargs: dict[str, JsonValue]
     attempts: int = 0
-    key: str | None = None  # the unique key (Q-53), kept by every retry
+    key: str | None = None  # the unique key (Q-53, Q-54), kept by every retry
 
     def with_attempts(self, attempts: int) -> Context:
         """The same record with another attempts count."""
