@@ -8,6 +8,7 @@ from deferq._runtime.config import Config, DiskOptions
 from deferq._core.errors import (
     DeadTasksLockTimeout,
     DeferqError,
+    DepsTypeError,
     LimitExceededError,
     NotATaskError,
     QueueStateError,
@@ -23,7 +24,7 @@ from deferq._runtime.errors import PushTimeout, UnloadableTaskError
 from deferq._runtime.jsontypes import JsonTypes
 from deferq._runtime.options import ConfiguredTask
 from deferq._runtime.serialize import ContextCodec, ContextError, SerializationError
-from deferq._runtime.task import Task, TaskFunction, TaskRegistry, task
+from deferq._runtime.task import Task, TaskFunction, TaskRegistry, task, task_deps
 from deferq._core.types import DeadTask, PendingTask
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "DeadTask",
     "DeadTasksLockTimeout",
     "DeferqError",
+    "DepsTypeError",
     "DiskOptions",
     "JsonTypes",
     "LimitExceededError",
@@ -57,4 +59,5 @@ __all__ = [
     "UnloadableTaskError",
     "__version__",
     "task",
+    "task_deps",
 ]

@@ -46,13 +46,15 @@ class Executor:
     """Runs executions the scheduler began, and writes each one's outcome to the journal."""
 
     def __init__(self, scheduler: Scheduler, journal: Journal, *, registry: TaskRegistry,
-                 codec: ContextCodec, clock: Clock, rng: random.Random) -> None:
+                 codec: ContextCodec, clock: Clock, rng: random.Random,
+                 deps: object = None) -> None:
         self._scheduler = scheduler
         self._journal = journal
         self._registry = registry
         self._codec = codec
         self._clock = clock
         self._rng = rng
+        self._deps = deps  # given to every task instance (Q-57)
         self.inflight = 0  # executions running
         # Bound once: called per execution.
         self._maybe_idle = scheduler.maybe_idle
@@ -143,8 +145,8 @@ class Executor:
         instance: Task | None = None
         try:
             instance = cls()
-            instance.rng, instance.task_id, instance.attempt = (
-                self._rng, task_id, context.attempts + 1)
+            instance.rng, instance.task_id, instance.attempt, instance.deps = (
+                self._rng, task_id, context.attempts + 1, self._deps)
             self._journal.book.begun(task_id)  # RUNNING until its outcome is written
             perform: object = getattr(instance, "perform")
             if not callable(perform):

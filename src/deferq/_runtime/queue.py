@@ -80,7 +80,8 @@ class Queue:
 
     def __init__(self, backend: Backend, *, registry: TaskRegistry | None = None,
                  backpressure: Backpressure | None = None, clock: Clock | None = None,
-                 rng: random.Random | None = None, codec: ContextCodec | None = None) -> None:
+                 rng: random.Random | None = None, codec: ContextCodec | None = None,
+                 deps: object = None) -> None:
         self.backend = backend
         # JSON unless the application opts into authenticated pickles.
         self.codec = JSON_CODEC if codec is None else codec
@@ -94,7 +95,10 @@ class Queue:
         self._journal = Journal(backend, self._book)
         self._scheduler = Scheduler(self.clock, backpressure)
         self._executor = Executor(self._scheduler, self._journal, registry=self.registry,
-                                  codec=self.codec, clock=self.clock, rng=self.rng)
+                                  codec=self.codec, clock=self.clock, rng=self.rng,
+                                  deps=deps)
+        # what tasks get as ``self.deps`` / ``task_deps(...)``; never stored.
+        self.deps = deps
 
     # ------------------------------------------------------------------ introspection
     @property

@@ -20,6 +20,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import inspect
 import logging
@@ -38,7 +39,7 @@ from typing import (
     overload,
 )
 
-from deferq._core.errors import NotATaskError
+from deferq._core.errors import DepsTypeError, NotATaskError
 from deferq._runtime.options import ConfiguredTask, Performs, check_options
 
 log = logging.getLogger("deferq.queue")
@@ -49,6 +50,13 @@ _NAME_BYTES_MAX: Final = 1024  # the dead-task store's task_class limit
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
+
+# The deps of the queue running the current @task function (Q-57): set by its generated
+# ``perform`` around the call, in whatever thread or task runs it.
+_NO_DEPS: Final = object()
+_CURRENT_DEPS: Final[contextvars.ContextVar[object]] = contextvars.ContextVar(
+    "deferq_task_deps", default=_NO_DEPS)
 
 
 def check_max_retries(value: object) -> int:
@@ -121,6 +129,7 @@ class Task:
 
     # Set by the queue on each instance before perform runs.
     rng: random.Random = random.Random()
+    deps: object = None  # the queue's ``deps`` (Q-57); typed access: ``deps_as(Kind)``
     task_id: str = ""
     attempt: int = 1  # this execution's number: stored attempts + 1
 
@@ -152,6 +161,14 @@ class Task:
             ValueError: naming the option that is not valid.
         """
         return ConfiguredTask(cls, check_options(delay, at, key))
+
+    def deps_as(self, kind: type[T]) -> T:
+        """The queue's ``deps`` object, checked to be a ``kind`` (Q-57).
+
+        Raises:
+            DepsTypeError: when the queue was given no ``deps`` or one of another type.
+        """
+        return _checked_deps(self.deps, kind, type(self).task_name)
 
     def retry_interval(self, exception: BaseException, attempt: int) -> object:
         """Seconds until the next execution after failure number ``attempt``, or None/False
@@ -201,12 +218,20 @@ class TaskFunction(Generic[P, R]):
 def _task_class_for(function: Callable[P, R], name: str | None, max_retries: object,
                     registry: TaskRegistry | None) -> type[Task]:
     def perform(self: Task, *args: P.args, **kwargs: P.kwargs) -> R:
-        return function(*args, **kwargs)
+        token = _CURRENT_DEPS.set(self.deps)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _CURRENT_DEPS.reset(token)
 
     # An async function's task gets an async ``perform``: the queue runs it as its own
     # asyncio task from the start (a plain ``perform`` runs as a loop callback).
     async def perform_async(self: Task, *args: P.args, **kwargs: P.kwargs) -> object:
-        return await cast("Awaitable[object]", function(*args, **kwargs))
+        token = _CURRENT_DEPS.set(self.deps)
+        try:
+            return await cast("Awaitable[object]", function(*args, **kwargs))
+        finally:
+            _CURRENT_DEPS.reset(token)
 
     task_name = name if name is not None else f"{function.__module__}.{function.__qualname__}"
     namespace: dict[str, object] = {
@@ -244,6 +269,28 @@ def task(function: Callable[P, R] | None = None, /, *, name: str | None = None,
         return TaskFunction(fn, _task_class_for(fn, name, max_retries, registry))
 
     return wrap if function is None else wrap(function)
+
+
+def _checked_deps(deps: object, kind: type[T], task_name: str) -> T:
+    if not isinstance(deps, kind):
+        raise DepsTypeError(f"{task_name}: the queue's deps is {type(deps).__name__}, not "
+                            f"{kind.__qualname__}; pass Queue(..., deps={kind.__qualname__}(...))")
+    return deps
+
+
+def task_deps(kind: type[T]) -> T:
+    """Inside a ``@task`` function: the ``deps`` of the queue running it, checked to be a
+    ``kind`` (Q-57). (In a ``Task`` subclass use ``self.deps_as(kind)``.)
+
+    Raises:
+        DepsTypeError: outside a ``@task`` function's execution, or when the queue's deps is
+        not a ``kind``.
+    """
+    deps = _CURRENT_DEPS.get()
+    if deps is _NO_DEPS:
+        raise DepsTypeError("deferq.task_deps() is only available while a @deferq.task "
+                            "function runs; in a Task subclass use self.deps_as(...)")
+    return _checked_deps(deps, kind, "task_deps")
 
 
 def task_class_of(ref: object) -> type[Task]:
