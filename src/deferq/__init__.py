@@ -18,6 +18,7 @@ from deferq._core.errors import (
 )
 from deferq._runtime.operator import Operator, Retried
 from deferq._runtime.queue import Queue
+from deferq._runtime.book import TaskStatus
 from deferq._runtime.backpressure import Backpressure
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.errors import PushTimeout, UnloadableTaskError
@@ -56,6 +57,7 @@ __all__ = [
     "TaskFunction",
     "TaskNotRegisteredError",
     "TaskRegistry",
+    "TaskStatus",
     "UnloadableTaskError",
     "__version__",
     "task",

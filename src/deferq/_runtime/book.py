@@ -1,4 +1,4 @@
-"""The queue's book of the tasks it holds: their status and unique keys (spec/queue.md Q-54, Q-55).
+"""The queue's book of the tasks it holds: their status and unique keys (spec/queue.md Q-54, Q-55, Q-58).
 
 Rules:
 - The book knows the tasks in this queue's WAL that this queue wrote or replayed: added
@@ -24,7 +24,7 @@ from typing import Final
 
 
 class TaskStatus(enum.Enum):
-    """What ``Queue.status(task_id)`` says about a task."""
+    """What ``Queue.status(task_id)`` says about a task (Q-58)."""
 
     PENDING = "pending"
     DELAYED = "delayed"

@@ -147,7 +147,7 @@ class Executor:
             instance = cls()
             instance.rng, instance.task_id, instance.attempt, instance.deps = (
                 self._rng, task_id, context.attempts + 1, self._deps)
-            self._journal.book.begun(task_id)  # RUNNING until its outcome is written
+            self._journal.book.begun(task_id)  # RUNNING until its outcome is written
             perform: object = getattr(instance, "perform")
             if not callable(perform):
                 raise TypeError(f"{cls.task_name}.perform is not callable")

@@ -38,7 +38,7 @@ class Journal:
 
     def __init__(self, backend: Backend, book: TaskBook) -> None:
         self.backend = backend
-        self.book = book  # told of every re-add and removal
+        self.book = book  # told of every re-add and removal
         self._loop: asyncio.AbstractEventLoop | None = None
         self._local_ids = itertools.count(1)  # ids of tasks a backend does not store (Nil)
         # Group commit (Q-20..Q-23): only for a power-safe Disk; other backends are called

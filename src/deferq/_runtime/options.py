@@ -120,3 +120,28 @@ class ConfiguredTask(Generic[P]):
 
     def __repr__(self) -> str:
         return f"<deferq task {self.task!r} with {self.options!r}>"
+
+
+def seconds_value(value: object, name: str) -> float:
+    """A finite number of seconds (not ``bool``), or ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def enqueue_timing(delay: object, delay_until: object, now: int
+                   ) -> tuple[int | None, int | None]:
+    """Implements Q-7: ``enqueue``'s (publish_at, publish_in) as in the reference; ``delay``
+    wins over ``delay_until`` when it is not None; (None, None) runs the task at once."""
+    if delay is not None:
+        seconds = int(seconds_value(delay, "delay"))
+        return (now + seconds, seconds) if seconds > 0 else (None, None)
+    if delay_until is not None:
+        if isinstance(delay_until, datetime.datetime):
+            if delay_until.tzinfo is None:
+                raise ValueError("delay_until must be an aware datetime (with a tzinfo)")
+            when = int(delay_until.timestamp())
+        else:
+            when = int(seconds_value(delay_until, "delay_until"))
+        return (when, when - now) if when > now else (None, None)
+    return None, None

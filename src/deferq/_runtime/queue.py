@@ -28,10 +28,8 @@ This module keeps the lifecycle, the enqueue API and the introspection:
 from __future__ import annotations
 
 import asyncio
-import datetime
 import enum
 import logging
-import math
 import random
 from collections.abc import Iterable
 from typing import ParamSpec, TypeVar
@@ -39,13 +37,20 @@ from typing import ParamSpec, TypeVar
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
 from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.backpressure import Backpressure
-from deferq._runtime.book import TaskBook
+from deferq._runtime.book import TaskBook, TaskStatus
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.executor import Executor
 from deferq._runtime.journal import Journal
 from deferq._runtime.operator import Operator, Retried
-from deferq._runtime.options import NO_OPTIONS, ConfiguredTask, DeferOptions, Performs
+from deferq._runtime.options import (
+    NO_OPTIONS,
+    ConfiguredTask,
+    DeferOptions,
+    Performs,
+    enqueue_timing,
+    seconds_value,
+)
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import JSON_CODEC, Context, ContextCodec, ContextError
 from deferq._runtime.task import REGISTRY, Task, TaskFunction, TaskRegistry, task_class_of
@@ -64,12 +69,6 @@ class _State(enum.Enum):
     RUNNING = "running"
     STOPPING = "stopping"
     STOPPED = "stopped"
-
-
-def _seconds(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
-    return float(value)
 
 
 class Queue:
@@ -120,7 +119,30 @@ class Queue:
         """Return when no immediate or running work is left (delayed tasks may remain)."""
         await self._scheduler.wait_idle()
 
+    async def status(self, task_id: str) -> TaskStatus:
+        """Implements Q-58: what this queue knows of a task, by id.
+
+        PENDING, DELAYED or RUNNING for a task in this queue's WAL (no I/O); else DEAD when
+        the shared dead-task store holds it (read in a worker thread); else UNKNOWN.
+        """
+        if not isinstance(task_id, str):
+            raise ValueError(f"task_id must be a str, got {type(task_id).__name__}")
+        known = self._book.status(task_id, self.clock.time())
+        if known is not None:
+            return known
+        dead = await asyncio.to_thread(self.operator.find_dead, task_id)
+        return TaskStatus.UNKNOWN if dead is None else TaskStatus.DEAD
+
     # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> Queue:
+        """``async with queue:`` starts it (Q-59)."""
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Stops it with the default timeout, whatever ended the block (Q-59)."""
+        await self.stop()
+
     async def start(self) -> None:
         """Bind to the running loop and replay the backend's pending tasks (Q-9)."""
         if self._state is not _State.NEW:
@@ -150,7 +172,7 @@ class Queue:
         swallows its cancellation is waited for at most ``STOP_GRACE_S`` more, then named
         in a warning and left running; its outcome is not recorded (Q-35).
         """
-        wait_s = _seconds(timeout, "timeout")
+        wait_s = seconds_value(timeout, "timeout")
         if self._state in (_State.STOPPING, _State.STOPPED):
             return True
         self._state = _State.STOPPING
@@ -268,22 +290,10 @@ class Queue:
         return self.codec.encode(context), context, cls
 
     def _timing(self, delay: object, delay_until: object) -> tuple[int | None, int | None]:
-        """(publish_at, publish_in) as in the reference: None, None for immediate."""
+        """(publish_at, publish_in) of ``enqueue``'s options (Q-7)."""
         if delay is None and delay_until is None:
             return None, None  # the common case reads no clock
-        now = int(self.clock.time())
-        if delay is not None:
-            seconds = int(_seconds(delay, "delay"))
-            return (now + seconds, seconds) if seconds > 0 else (None, None)
-        if delay_until is not None:
-            if isinstance(delay_until, datetime.datetime):
-                if delay_until.tzinfo is None:
-                    raise ValueError("delay_until must be an aware datetime (with a tzinfo)")
-                when = int(delay_until.timestamp())
-            else:
-                when = int(_seconds(delay_until, "delay_until"))
-            return (when, when - now) if when > now else (None, None)
-        return None, None
+        return enqueue_timing(delay, delay_until, int(self.clock.time()))
 
     def _persist_and_schedule(self, data: bytes, context: Context, cls: type[Task],
                               publish_at: int | None, publish_in: int | None) -> str:
