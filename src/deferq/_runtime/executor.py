@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Final
 
 from deferq._core.types import PendingTask
+from deferq._runtime.book import RUNNING
 from deferq._runtime.clock import Clock
 from deferq._runtime.errors import PushTimeout, UnloadableTaskError
 from deferq._runtime.journal import Journal
@@ -60,6 +61,7 @@ class Executor:
         self._maybe_idle = scheduler.maybe_idle
         self._job_done = scheduler.job_done
         self._remove = journal.remove
+        self._book_tasks = journal.book.tasks  # RUNNING until its outcome is written
         scheduler.attach(self.run_plain, self.run)
 
     # ------------------------------------------------------------------ one execution
@@ -147,7 +149,7 @@ class Executor:
             instance = cls()
             instance.rng, instance.task_id, instance.attempt, instance.deps = (
                 self._rng, task_id, context.attempts + 1, self._deps)
-            self._journal.book.begun(task_id)  # RUNNING until its outcome is written
+            self._book_tasks[task_id] = RUNNING
             perform: object = getattr(instance, "perform")
             if not callable(perform):
                 raise TypeError(f"{cls.task_name}.perform is not callable")

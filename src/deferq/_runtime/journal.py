@@ -39,6 +39,8 @@ class Journal:
     def __init__(self, backend: Backend, book: TaskBook) -> None:
         self.backend = backend
         self.book = book  # told of every re-add and removal
+        self._book_tasks = book.tasks  # bound once: written per removal
+        self._key_of = book.key_of
         self._loop: asyncio.AbstractEventLoop | None = None
         self._local_ids = itertools.count(1)  # ids of tasks a backend does not store (Nil)
         # Group commit (Q-20..Q-23): only for a power-safe Disk; other backends are called
@@ -113,7 +115,9 @@ class Journal:
         else:
             disk.remove_task(task_id, sync=False)
             self._flush_later(disk)
-        self.book.forget(task_id)  # its unique key is free again
+        self._book_tasks.pop(task_id, None)
+        if self._key_of:
+            self.book.forget_key(task_id)  # its unique key is free again
 
     async def give_up(self, task_id: str, data: bytes, exc: BaseException, task_class: str,
                       attempts: int) -> None:
