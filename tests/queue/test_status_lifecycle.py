@@ -151,6 +151,8 @@ def test_misuse_of_defer_and_options_raises_deferq_errors_and_stores_nothing() -
                 queue.defer(not_a_task)  # type: ignore[arg-type]
             with pytest.raises(deferq.NotATaskError):
                 await queue.adefer(not_a_task)  # type: ignore[arg-type]
+        with pytest.raises(deferq.NotATaskError, match="only Queue.defer and adefer read"):
+            queue.enqueue(quick.options(key="dropped"))
         assert backend.wal == {} and backend.calls == []
         await queue.stop()
         errors = (deferq.TaskNotRegisteredError, deferq.NotATaskError, deferq.QueueStateError,

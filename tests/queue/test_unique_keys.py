@@ -83,6 +83,7 @@ def test_a_key_holds_while_its_task_is_delayed_running_or_retrying_and_frees_aft
         await settle()
         assert flaky in backend.dead and flaky not in backend.wal  # dead-lettered: key free
         assert queue.defer(Flaky.options(key="f"), "boom") != flaky
+        queue._book.check_invariants()
         await queue.stop()
 
     run(main())

@@ -112,14 +112,14 @@ class ConfiguredTask(Generic[P]):
     ``task`` is the ``Task`` subclass or ``@task`` function it was made from.
     """
 
-    __slots__ = ("task", "options")
+    __slots__ = ("task", "settings")
 
-    def __init__(self, task: object, options: DeferOptions) -> None:
+    def __init__(self, task: object, settings: DeferOptions) -> None:
         self.task = task
-        self.options = options
+        self.settings = settings
 
     def __repr__(self) -> str:
-        return f"<deferq task {self.task!r} with {self.options!r}>"
+        return f"<deferq task {self.task!r} with {self.settings!r}>"
 
 
 def seconds_value(value: object, name: str) -> float:

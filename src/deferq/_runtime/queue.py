@@ -213,10 +213,10 @@ class Queue:
         return await self._apersist(data, context, cls, self._publish(options))
 
     def _resolve(self, task: object) -> tuple[type[Task], DeferOptions]:
-        cls = task_class_of(task)
         # An exact type check: isinstance of a Generic class costs ~400 instructions.
-        options = task.options if type(task) is ConfiguredTask else NO_OPTIONS
-        return cls, options
+        if type(task) is ConfiguredTask:
+            return task_class_of(task.task), task.settings
+        return task_class_of(task), NO_OPTIONS
 
     def _publish(self, options: DeferOptions) -> tuple[int | None, int | None]:
         if options.delay_s is None and options.at_s is None:

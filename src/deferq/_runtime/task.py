@@ -294,13 +294,13 @@ def task_deps(kind: type[T]) -> T:
 
 
 def task_class_of(ref: object) -> type[Task]:
-    """The Task class behind a task class, a ``@task`` function or a ``ConfiguredTask``."""
+    """The Task class behind a task class or a ``@task`` function (Q-1, Q-60)."""
     if isinstance(ref, TaskFunction):
         return ref.task_class
     if isinstance(ref, type) and issubclass(ref, Task) and ref is not Task:
         return ref
-    # Checked last: isinstance of a Generic class cost 400 instructions per enqueue first.
-    if isinstance(ref, ConfiguredTask) and not isinstance(ref.task, ConfiguredTask):
-        return task_class_of(ref.task)
+    if isinstance(ref, ConfiguredTask):  # only defer reads options: never drop them silently
+        raise NotATaskError(f"{ref!r} carries options, which only Queue.defer and adefer read: "
+                            f"call queue.defer(...) instead of enqueue")
     raise NotATaskError(f"{ref!r} is not a deferq task: subclass deferq.Task or decorate a function "
                     f"with @deferq.task")
