@@ -34,6 +34,7 @@ SPEC = {
     "unlink-before-synced-copy": ("D-3",),
     "group-commit-late-target": ("D-15",),
     "index-trusts-size": ("S-10", "D-11"),
+    "sweep-unlinks-before-sync": ("D-21", "W-32"),
 }
 
 
@@ -47,7 +48,8 @@ def test_the_catalogue_has_every_required_mutant_and_each_says_what_catches_it()
 
 
 @pytest.mark.slow
-@pytest.mark.spec("D-2", "D-3", "D-5", "D-6", "D-7", "D-8", "D-9", "D-10", "D-11", "D-12", "D-13")
+@pytest.mark.spec("D-2", "D-3", "D-5", "D-6", "D-7", "D-8", "D-9", "D-10", "D-11", "D-12", "D-13",
+                  "D-21")
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_mutant_is_caught_and_the_real_engine_passes(mutant: object) -> None:
     from deferq.crashtest import Mutant

@@ -93,7 +93,9 @@ def test_every_command_prints_exactly_one_json_document(store: tuple[Path, dict[
     removed = json.loads(deferq("dead", "remove", "1-1-404", ids["queue"], *p, "--json").stdout)
     assert removed == {"removed": 1, "missing": ["1-1-404"]}
     summary = json.loads(deferq("verify", *p, "--json").stdout)["summary"]
-    assert summary == {"files": 2, "records": summary["records"], "damaged_files": 0}
+    # The service's WAL, the retry's hand-off WAL file (W-34: a retry no longer adopts the
+    # service's file) and the dead-task data file.
+    assert summary == {"files": 3, "records": summary["records"], "damaged_files": 0}
 
 
 @pytest.mark.slow

@@ -13,11 +13,15 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import deferq
+from deferq._engine.osenv import OS_ENV
+from deferq._engine.walorphan import HandoffWal
+from deferq._runtime.serialize import Context, encode_context
 from deferq.backends import Disk
 from deferq.crashtest import SimDisk, SimEnv
 from deferq.crashtest._tracing import TracingEnv
@@ -186,3 +190,27 @@ def test_a_duplicate_returns_only_once_the_first_task_is_durable() -> None:
 
     run(main())
     disk.close()
+
+
+@pytest.mark.slow
+@pytest.mark.spec("Q-55", "Q-58")
+def test_a_running_queue_takes_the_keys_of_a_wal_file_it_adopts(tmp_path: Path) -> None:
+    async def main() -> None:
+        with Disk(path=tmp_path, fsync_frequency=0) as disk:
+            queue = deferq.Queue(disk, registry=REG, sweep_interval=0.05)
+            await queue.start()
+            with HandoffWal(OS_ENV, str(tmp_path), disk.prefix) as handoff:
+                record = Context("keys.note", ("handed off",), {}, 0, "adopted-key")
+                adopted = handoff.add_task(encode_context(record), int(time.time()) + 600)
+                handoff.sync()
+            for _ in range(500):  # the sweep runs every 0.05 s on the real clock
+                if queue.delayed == 1:
+                    break
+                await asyncio.sleep(0.01)
+            assert queue.delayed == 1
+            assert queue.defer(note.options(key="adopted-key"), "again") == adopted
+            assert await queue.status(adopted) is deferq.TaskStatus.DELAYED
+            assert [t.task_id for t in disk.pending_tasks()] == [adopted]
+            await queue.stop(timeout=1)
+
+    run(main())

@@ -10,6 +10,8 @@ that SIGKILL, flock and cross-process reads behave as in production. Method:
   ``ran ID ATTEMPT`` for each, print ``idle`` and stop;
 - ``deadletter``: enqueue ``Doomed`` (gives up at once), wait, print
   ``dead ID`` and exit;
+- ``serve``: start with a 0.2 s adoption sweep (Q-70), print ``ready``, run every task
+  it replays or adopts (printing ``ran ID ATTEMPT LABEL``) until it is killed;
 - ``crash-after-dead``: like ``deadletter``, but the process SIGKILLs itself
   inside ``remove_task``, right after the dead-task write returned (the
   window D-13 is about); it prints ``dead-written ID`` first.
@@ -72,7 +74,12 @@ class DiesBeforeRemoval(Disk):
 async def main(path: str, mode: str) -> int:
     disk_class = DiesBeforeRemoval if mode == "crash-after-dead" else Disk
     with disk_class(path=path, fsync_frequency=0) as disk:
-        queue = deferq.Queue(disk)
+        queue = deferq.Queue(disk, sweep_interval=0.2 if mode == "serve" else 2.0)
+        if mode == "serve":
+            Chore.hang = False
+            await queue.start()
+            print("ready", flush=True)
+            await asyncio.Event().wait()
         if mode == "hang":
             await queue.start()
             queue.enqueue(Chore, "chore")

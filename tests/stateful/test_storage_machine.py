@@ -8,7 +8,7 @@ process, and mirrors every operation into ``deferq._core.model.StorageModel``. R
 retry and remove tasks, sync, let time pass and fire the fsync timers, hand tasks
 over to the dead-task store (D-13), list, find and remove dead tasks, start and
 close workers, kill a worker (or crash it at its k-th syscall in the middle of an
-operation) and let a new worker adopt its WAL, and cut the power (with a nested
+operation) and let a new worker adopt its WAL or a running one sweep it up (W-30), and cut the power (with a nested
 crash of the recovering worker, up to three power losses deep). After every
 recovery ``StorageModel.check_recovered`` says whether the recovered state is
 allowed, and the recovered worker must accept and keep a new task (liveness).
@@ -44,6 +44,7 @@ from deferq._engine import wal as _wal
 from deferq._core.model import Crash as ModelCrash
 from deferq._core.model import Dead, Pending, StorageModel
 from deferq._core.names import dead_data_name, is_wal_file_name
+from deferq._core.types import PendingTask
 from deferq.backends import Disk
 from deferq.crashtest import (
     Bound,
@@ -69,6 +70,7 @@ from tests.stateful.support import (
 
 ROTATE_LIMIT = 400  # bytes; the real 2 MB limit would never be reached here
 WORKERS_MAX = 2
+SWEEP_ALL = 64  # files per sweep: more than the machine ever leaves, so a sweep adopts them all
 DEAD_POOL = ("d-1", "d-2", "d-3")  # dead ids outside any WAL: re-adds and duplicates
 CRASH_OPS = ("write", "fsync", "rename", "fsync_dir", "unlink", "ftruncate", "open")
 
@@ -180,6 +182,22 @@ class StorageMachine(RuleBasedStateMachine):
         assert len(self._wal_files()) == len(self.workers), "orphans must be merged and unlinked"
         return worker, list(pending)
 
+    def _swept(self, worker: Worker, adopted: list[PendingTask], wal_ids: set[str],
+                before: list[str], claimed: bool) -> list[str]:
+        """Check what a sweep adopted (W-30..W-33, D-21) and move it to ``worker``."""
+        got = {t.task_id: Pending(t.context, t.publish_at) for t in adopted}
+        assert not set(got) & set(before), "W-33: a task pending here is not adopted again"
+        violations = check_wal_only(self.model, got, wal_ids - set(before))
+        assert not violations, "\n".join(map(str, violations))
+        if claimed:  # W-32: a sweep that locked a file fsynced every record of this WAL
+            self.model.synced(worker.name)
+        for task_id in wal_ids | set(got):
+            self.owner[task_id] = worker.name
+        self.order[worker.name] = before + [i for i in got]
+        self.orphans = set()
+        assert len(self._wal_files()) == len(self.workers), "W-32: swept orphans are unlinked"
+        return list(got)
+
     def _recover_after_power_loss(self, frequency: float) -> tuple[Worker, list[str]]:
         """One new worker adopts everything; the whole recovered state is checked."""
         worker = self._open_worker(self.sim.process(), frequency)
@@ -220,6 +238,21 @@ class StorageMachine(RuleBasedStateMachine):
             fresh.append(self._liveness(worker))
             self.in_bundle.add(fresh[-1])
         return multiple(*fresh)
+
+    @precondition(lambda self: len(self.workers) > 0)
+    @rule(target=tasks, slot=slots)
+    def sweep(self, slot: int) -> object:
+        """A running worker adopts every orphan (W-30..W-33, D-21); what it adopted must be
+        allowed by the model, and it must keep it (liveness, as after an adoption at open)."""
+        worker = self._pick(slot)
+        wal_ids = {i for i, o in self.owner.items() if o in self.orphans}
+        before = list(self.order[worker.name])
+        claimed = len(self._wal_files()) > len(self.workers)
+        adopted = worker.disk.adopt_orphans(SWEEP_ALL)
+        if adopted:
+            event("sweep adopted tasks")
+        return multiple(*self._back_to_bundle(self._swept(worker, adopted, wal_ids, before,
+                                                          claimed)))
 
     @precondition(lambda self: len(self.workers) > 0)
     @rule(slot=slots)
@@ -408,7 +441,7 @@ class StorageMachine(RuleBasedStateMachine):
     @rule(target=tasks, slot=slots,
           point=st.one_of(st.integers(1, 24), st.sampled_from(CRASH_OPS)), after=st.booleans(),
           kind=st.sampled_from(["add", "remove", "give_up", "dead_add", "dead_remove", "sync",
-                                "close"]),
+                                "close", "sweep"]),
           data=st.data())
     def crash_mid_operation(self, slot: int, point: int | str, after: bool, kind: str,
                             data: st.DataObject) -> object:
@@ -426,8 +459,14 @@ class StorageMachine(RuleBasedStateMachine):
         new: list[str] = []
         op = None
         dead = False
+        sweep_ids = {i for i, o in self.owner.items() if o in self.orphans}
+        sweep_before = list(self.order[worker.name])
+        sweep_claims = len(self._wal_files()) > len(self.workers)
+        adopted: list[PendingTask] = []
         try:
-            if kind == "add":
+            if kind == "sweep":
+                adopted = worker.disk.adopt_orphans(SWEEP_ALL)
+            elif kind == "add":
                 self.crashed_ids += 1
                 task_id = f"c-{self.crashed_ids}"
                 context = data.draw(contexts, label="context")
@@ -484,7 +523,10 @@ class StorageMachine(RuleBasedStateMachine):
             return multiple(*new)
         # The operation finished before its nth syscall: it was acknowledged.
         self.sim.faults.clear()
-        if kind == "close":
+        if kind == "sweep":
+            new = self._back_to_bundle(self._swept(worker, adopted, sweep_ids, sweep_before,
+                                                   sweep_claims))
+        elif kind == "close":
             self.model.synced(worker.name)
             del self.workers[worker.name]
             self.orphans.add(worker.name)
@@ -576,7 +618,7 @@ class RotatingMachine(StorageMachine):
 
 TestStorageMachine = pytest.mark.slow(pytest.mark.spec(
     "D-1", "D-2", "D-3", "D-4", "D-7", "D-9", "D-12", "D-13", "W-4", "W-6", "W-7", "W-9",
-    "W-10", "A-11", "D-15", "W-24")(StorageMachine.TestCase))
+    "W-10", "A-11", "D-15", "W-24", "D-21", "W-30", "W-32")(StorageMachine.TestCase))
 TestStorageMachine.settings = machine_settings(max_examples=150, stateful_step_count=50)
 
 

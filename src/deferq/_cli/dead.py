@@ -4,9 +4,10 @@ Q-24..Q-28).
 Rules:
 - ``list``, ``show`` and ``remove`` open only the dead-task store (its lock, bounded
   waits): they create no WAL file and work while workers run.
-- ``retry`` opens a ``Disk`` (a WAL of its own, fsync on every add), adds each task under
-  a new id, fsyncs, and only then removes the dead records (Q-33); the retried tasks run
-  at the next start of a worker (a running worker does not adopt another process's WAL).
+- ``retry`` writes each task under a new id into a hand-off WAL file exactly as large as its
+  records (``HandoffWal``, W-34), fsyncs it and releases it, and only then removes the dead
+  records (Q-33); a running worker's adoption sweep runs them within its interval (Q-70),
+  or the next worker to start does.
 - Bulk actions (``--all``) act only on what the filters select; ``--dry-run`` shows the
   selection and changes nothing. Every id asked for and not found is named, on standard
   error (and in the JSON document), and makes the exit status 3.
@@ -35,8 +36,8 @@ from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask
 from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.osenv import OS_ENV
+from deferq._engine.walorphan import HandoffWal
 from deferq._runtime.operator import Operator, Retried
-from deferq.backends import Disk
 
 EXIT_NOT_FOUND: Final = 3
 DEAD_HEADERS: Final = ("ID", "TASK CLASS", "ATTEMPTS", "FAILED AT", "EXCEPTION")
@@ -187,9 +188,13 @@ def dead_retry(args: argparse.Namespace) -> int:
     if ids:
         progress = Progress("retry: steps", 2 * len(ids))
         try:
-            with Disk(path=path, prefix=prefix, fsync_frequency=0) as disk:
-                retried, missing = Operator(disk, disk).retry_dead(
-                    ids, on_task=progress.step)
+            dead = DeadStoreView(path, prefix)
+            try:
+                with HandoffWal(OS_ENV, path, prefix) as handoff:
+                    retried, missing = Operator(dead, handoff).retry_dead(
+                        ids, on_task=progress.step)
+            finally:
+                dead.close()
         finally:
             progress.close()
     for task_id in missing:
@@ -200,7 +205,8 @@ def dead_retry(args: argparse.Namespace) -> int:
     else:
         for item in retried:
             print(f"retried {safe(item.old_id)} as {item.new_id}")
-        print(f"retried {len(retried)} dead task(s); they run at the next start of a worker")
+        print(f"retried {len(retried)} dead task(s); a running worker adopts them within its"
+              " sweep interval (2 s by default), or the next worker to start does")
     return EXIT_NOT_FOUND if missing else 0
 
 

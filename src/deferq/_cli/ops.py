@@ -223,8 +223,8 @@ def register(sub: Subcommands) -> None:
     show.set_defaults(handler=dead_show)
 
     for name, handler, text in (
-            ("retry", dead_retry, "put dead tasks back into a WAL, under new ids (they run at "
-                                  "the next start of a worker)"),
+            ("retry", dead_retry, "put dead tasks back into a WAL, under new ids (a running "
+                                  "worker's sweep runs them within its sweep interval)"),
             ("remove", dead_remove, "delete dead tasks")):
         bulk = command(dead_sub, name, text)
         bulk.add_argument("ids", nargs="*", metavar="ID", help="the dead tasks' ids")

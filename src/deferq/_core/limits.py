@@ -38,6 +38,14 @@ WAL_SIZE_INCREASE_RATIO: Final = 1.5
 # has no size to commit, measured ~30% cheaper than one after an append on ext4.
 WAL_RESERVE_BYTES: Final = 1024 * 1024
 
+# --- The adoption sweep (W-30..W-34, Q-70..Q-72): a running worker adopts at most this
+# many orphaned WAL files per sweep (siblings share the rest), every interval seconds.
+SWEEP_FILES_MAX: Final = 4
+SWEEP_FILES_LIMIT: Final = 1024
+DEFAULT_SWEEP_INTERVAL_S: Final = 2.0
+SWEEP_INTERVAL_MIN_S: Final = 0.01
+SWEEP_INTERVAL_MAX_S: Final = 3600.0
+
 # --- Task-id seed (W-5): the seed advances by one per elapsed second of the monotonic clock.
 SEED_TICK_S: Final = 1.0
 
@@ -91,6 +99,8 @@ assert WAL_SIZE_INCREASE_RATIO > 1.0
 assert 0 < FSYNC_FREQUENCY_MIN_S < DEFAULT_FSYNC_FREQUENCY_S <= FSYNC_FREQUENCY_MAX_S
 assert PREFIX_BYTES_MAX == 226
 assert LOCK_ATTEMPTS_MAX >= 2
+assert 1 <= SWEEP_FILES_MAX <= SWEEP_FILES_LIMIT
+assert 0 < SWEEP_INTERVAL_MIN_S <= DEFAULT_SWEEP_INTERVAL_S <= SWEEP_INTERVAL_MAX_S
 
 # --- Dead-task store group commit (S-14).
 # Rounds of queued adds one group-commit leader serves before it hands the locks on.

@@ -2,7 +2,8 @@
 
 This module holds ``TasksWal``: opening (replay and adoption), the append path, rotation and
 closing. Its other jobs are its parts (``walbase`` says why they are mixins): the files
-(``walfiles``), the space records go into (``walspace``) and durability (``walsync``).
+(``walfiles``), the space records go into (``walspace``), durability (``walsync``) and the
+adoption sweep (``walsweep``).
 
 Theory of operation. At open, a worker claims every WAL file of its prefix
 that no live process holds (LOCK_EX | LOCK_NB, W-27): orphans of dead workers.
@@ -41,22 +42,19 @@ import threading
 from typing import Final
 
 from deferq._core.errors import StorageBrokenError
-from deferq._core.fastreplay import FastWalReplay
 from deferq._core.limits import (
     WAL_SIZE_INCREASE_RATIO,
     WAL_SIZE_LIMIT_BYTES,
 )
-from deferq._core.recovery import WalReplay, live_fields
+from deferq._core.recovery import live_fields
 from deferq._core.taskid import check_task_id
 from deferq._core.types import PendingTask
 from deferq._core.walcodec import WalAdd, decode_wal_line, encode_add, encode_rem
 from deferq._engine.env import Env, MappedWindow
 from deferq._engine.ids import id_source
-from deferq._engine.io import chunks_forward, join, records_end
+from deferq._engine.io import join
 from deferq._engine.walbase import OPEN, WalState
-from deferq._engine.walfiles import WalFiles
-from deferq._engine.walspace import WalSpace
-from deferq._engine.walsync import WalSync
+from deferq._engine.walsweep import WalSweep
 
 log = logging.getLogger("deferq")
 
@@ -72,11 +70,11 @@ def _limit_after_copy(size: int) -> int:
 _OPEN: Final = OPEN  # a module global: one lookup on the hot path
 
 
-class TasksWal(WalFiles, WalSpace, WalSync):
+class TasksWal(WalSweep):
     """One worker's write-ahead log of pending tasks. Thread-safe.
 
     Its parts: ``WalFiles`` (files), ``WalSpace`` (where records go), ``WalSync``
-    (durability); this class opens the WAL, appends and removes records, rotates, and closes.
+    (durability), ``WalSweep`` (adopting orphans while open); this class opens the WAL, appends and removes records, rotates, and closes.
     """
 
     def __init__(self, env: Env, path: str, prefix: str, fsync_frequency_s: float) -> None:
@@ -137,14 +135,6 @@ class TasksWal(WalFiles, WalSpace, WalSync):
         self._limit = _limit_after_copy(self._size)
 
     # ------------------------------------------------------------------ opening
-
-    def _replay(self, claimed: list[tuple[str, int]]) -> WalReplay:
-        """Replay every claimed file in name order (W-3, W-15, R-@A..R-@L), on the fast path (W-16)."""
-        replay = FastWalReplay()
-        for _, fd in claimed:
-            end = records_end(self._env, fd, self._env.fstat(fd).size)  # R-@L
-            replay.apply_file(chunks_forward(self._env, fd, end))
-        return replay.result()
 
     def _adopt(self, claimed: list[tuple[str, int]]) -> tuple[str, int]:
         """Implements W-3 and W-4: copy the live tasks to a fresh file, then retire the claimed ones.

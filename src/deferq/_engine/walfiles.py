@@ -15,11 +15,13 @@ import logging
 from typing import Final
 
 from deferq._core.errors import StorageBrokenError, UnsafeEntryError
+from deferq._core.fastreplay import FastWalReplay
 from deferq._core.limits import FILE_MODE, WRITE_BATCH_BYTES
 from deferq._core.names import is_wal_file_name, wal_file_name
+from deferq._core.recovery import WalReplay
 from deferq._core.walcodec import encode_rem
 from deferq._engine.env import OpenFlag
-from deferq._engine.io import join, write_all
+from deferq._engine.io import chunks_forward, join, records_end, write_all
 from deferq._engine.walbase import WalBase, WalState
 
 log = logging.getLogger("deferq")
@@ -34,8 +36,11 @@ _CREATE_ATTEMPTS_MAX: Final = 16
 class WalFiles(WalBase):
     """Creating, claiming, copying and retiring WAL files."""
 
-    def _claim_orphans(self) -> list[tuple[str, int]]:
-        """Lock every WAL file no live process holds (W-27), sorted by name."""
+    def _claim_orphans(self, files_max: int | None = None) -> list[tuple[str, int]]:
+        """Lock every WAL file no live process holds (W-27), sorted by name.
+
+        ``files_max`` stops after that many files are locked (the sweep's bound, W-31).
+        """
         env = self._env
         names = sorted(n for n in env.listdir(self._path) if is_wal_file_name(self._prefix, n))
         claimed: list[tuple[str, int]] = []
@@ -52,12 +57,22 @@ class WalFiles(WalBase):
                 # Implements W-27: a file unlinked between open and flock is a ghost; skip it.
                 if env.flock_exclusive_nb(fd) and env.fstat(fd).links > 0:
                     claimed.append((name, fd))
+                    if files_max is not None and len(claimed) >= files_max:
+                        break
                 else:
                     env.close(fd)
         except BaseException:
             self._close_fds([fd for _, fd in claimed])
             raise
         return claimed
+
+    def _replay(self, claimed: list[tuple[str, int]]) -> WalReplay:
+        """Replay every claimed file in name order (W-3, W-15, R-@A..R-@L), on the fast path (W-16)."""
+        replay = FastWalReplay()
+        for _, fd in claimed:
+            end = records_end(self._env, fd, self._env.fstat(fd).size)  # R-@L
+            replay.apply_file(chunks_forward(self._env, fd, end))
+        return replay.result()
 
     def _create_file(self) -> tuple[str, int]:
         """Create, lock and make durable the name of a new WAL file (W-1)."""

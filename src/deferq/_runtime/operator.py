@@ -19,10 +19,19 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from deferq._core.types import DeadTask
 from deferq._runtime.serialize import reset_attempts
 from deferq.backends.protocol import Backend, DeadTaskAdmin
+
+
+class TaskSink(Protocol):
+    """Where ``retry_dead`` puts tasks: a ``Backend``, or the CLI's hand-off file (W-34)."""
+
+    def add_task(self, context: bytes) -> str | None: ...
+
+    def sync(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +46,9 @@ class Retried:
 class Operator:
     """Dead-task operations over a backend; ``wal`` is needed only by ``retry``."""
 
-    def __init__(self, dead: DeadTaskAdmin, wal: Backend | None = None) -> None:
+    def __init__(self, dead: DeadTaskAdmin, wal: Backend | TaskSink | None = None) -> None:
         self._dead = dead
-        self._wal = wal
+        self._wal: TaskSink | None = wal
 
     def list_dead(self, *, limit: int | None = None, offset: int = 0, task_class: str | None = None,
              exception_class: str | None = None) -> list[DeadTask]:

@@ -1,7 +1,7 @@
 """The queue: a facade that starts and stops the runtime and takes tasks (spec/queue.md).
 
 Theory of operation (the reference's queue semantics, restated in spec/queue.md). A
-``Queue`` owns four parts, each with one job:
+``Queue`` owns five parts, each with one job:
 - ``Journal`` (journal.py): every transition written to the backend, and the group
   commit of a power-safe ``Disk`` (Q-20..Q-23, D-13, Q-8).
 - ``Scheduler`` (scheduler.py): when a persisted task begins (timers of delayed tasks,
@@ -10,6 +10,7 @@ Theory of operation (the reference's queue semantics, restated in spec/queue.md)
 - ``Executor`` (executor.py): one execution and its outcome (success, retry, give-up),
   and the replay of the WAL at start (Q-9).
 - ``Operator`` (operator.py): the dead-task store's operator commands (Q-33, Q-13).
+- ``Sweeper`` (sweeper.py): the periodic adoption of orphaned WAL files (Q-70..Q-72).
 This module keeps the lifecycle, the enqueue API and the introspection:
 - ``enqueue`` validates and serializes first, applies backpressure, then
   writes the task to the backend's WAL and only then schedules it on the
@@ -35,6 +36,7 @@ from collections.abc import Iterable
 from typing import ParamSpec, TypeVar
 
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
+from deferq._core.limits import DEFAULT_SWEEP_INTERVAL_S, SWEEP_FILES_MAX
 from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.backpressure import Backpressure
 from deferq._runtime.book import TaskBook, TaskStatus
@@ -52,8 +54,10 @@ from deferq._runtime.options import (
     seconds_value,
 )
 from deferq._runtime.scheduler import Scheduler
+from deferq._runtime.sweeper import Sweeper, adopter_of
 from deferq._runtime.serialize import JSON_CODEC, Context, ContextCodec, ContextError
 from deferq._runtime.task import REGISTRY, Task, TaskFunction, TaskRegistry, task_class_of
+from deferq.backends._options import check_sweep_interval
 from deferq.backends.protocol import Backend
 
 log = logging.getLogger("deferq.queue")
@@ -80,6 +84,7 @@ class Queue:
     def __init__(self, backend: Backend, *, registry: TaskRegistry | None = None,
                  backpressure: Backpressure | None = None, clock: Clock | None = None,
                  rng: random.Random | None = None, codec: ContextCodec | None = None,
+                 sweep_interval: float = DEFAULT_SWEEP_INTERVAL_S,
                  deps: object = None) -> None:
         self.backend = backend
         # Q-18/Q-34: JSON unless the application opts into authenticated pickles.
@@ -98,6 +103,11 @@ class Queue:
                                   deps=deps)
         # Q-57: what tasks get as ``self.deps`` / ``task_deps(...)``; never stored.
         self.deps = deps
+        # Q-70..Q-72: the adoption sweep, when the backend has one (C-28).
+        adopt, interval_s = adopter_of(backend), check_sweep_interval(sweep_interval)
+        self._sweeper = None if adopt is None else Sweeper(
+            adopt, self._executor.replay, self.clock, interval_s=interval_s,
+            files_max=SWEEP_FILES_MAX)
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -163,6 +173,8 @@ class Queue:
         # Implements Q-32: what a start found.
         log.info("queue started: %d task(s) replayed (%d delayed), %d unloadable one(s) "
                  "dead-lettered", replayed, delayed, unloadable)
+        if self._sweeper is not None:
+            self._sweeper.start()
 
     async def stop(self, timeout: float = 10.0) -> bool:
         """Stop taking work, wait up to ``timeout`` s for running tasks, sync the WAL (Q-15).
@@ -176,6 +188,8 @@ class Queue:
         if self._state in (_State.STOPPING, _State.STOPPED):
             return True
         self._state = _State.STOPPING
+        if self._sweeper is not None:
+            await self._sweeper.stop()  # Q-71: before the scheduler stops
         finished = await self._scheduler.stop(wait_s)
         await self._journal.settle()
         try:

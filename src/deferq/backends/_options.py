@@ -15,6 +15,9 @@ from deferq._core.limits import (
     FSYNC_FREQUENCY_MAX_S,
     FSYNC_FREQUENCY_MIN_S,
     PREFIX_BYTES_MAX,
+    SWEEP_FILES_LIMIT,
+    SWEEP_INTERVAL_MAX_S,
+    SWEEP_INTERVAL_MIN_S,
 )
 
 
@@ -58,4 +61,24 @@ def check_fsync_frequency(value: object) -> float:
     if 0 < seconds < FSYNC_FREQUENCY_MIN_S:
         raise ValueError(f"fsync_frequency {value!r} is below {FSYNC_FREQUENCY_MIN_S:g} s: a timer"
                          " that fires more often only burns CPU; use 0 to fsync every write")
+    return seconds
+
+
+def check_files_max(value: object) -> int:
+    """Orphaned WAL files one sweep may adopt: an int from 1 to SWEEP_FILES_LIMIT (C-27)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"files_max must be an int, not {type(value).__name__}")
+    if not 1 <= value <= SWEEP_FILES_LIMIT:
+        raise ValueError(f"files_max {value!r} must be from 1 to {SWEEP_FILES_LIMIT}")
+    return value
+
+
+def check_sweep_interval(value: object) -> float:
+    """Seconds between adoption sweeps (Q-72): finite, from SWEEP_INTERVAL_MIN_S to _MAX_S."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"sweep_interval must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value) if isinstance(value, float) or abs(value) <= 2**53 else math.inf
+    if not math.isfinite(seconds) or not SWEEP_INTERVAL_MIN_S <= seconds <= SWEEP_INTERVAL_MAX_S:
+        raise ValueError(f"sweep_interval {value!r} must be a finite number of seconds from "
+                         f"{SWEEP_INTERVAL_MIN_S:g} to {SWEEP_INTERVAL_MAX_S:g}")
     return seconds

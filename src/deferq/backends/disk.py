@@ -25,6 +25,7 @@ from deferq._core.limits import (
     DEFAULT_PATH,
     DEFAULT_PREFIX,
     DIR_MODE,
+    SWEEP_FILES_MAX,
 )
 from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask, PendingTask
@@ -40,7 +41,12 @@ from deferq.backends._arguments import (
     check_publish_at,
 )
 from deferq.backends._deadtask import dead_task_for
-from deferq.backends._options import check_fsync_frequency, check_path, check_prefix
+from deferq.backends._options import (
+    check_files_max,
+    check_fsync_frequency,
+    check_path,
+    check_prefix,
+)
 
 __all__ = ["Disk"]
 
@@ -147,6 +153,15 @@ class Disk:
     def sync(self) -> None:
         """fsync the tasks WAL now if it has unsynced changes (W-8, D-2)."""
         self._wal.sync()
+
+    def adopt_orphans(self, files_max: int = SWEEP_FILES_MAX) -> list[PendingTask]:
+        """Adopt up to ``files_max`` orphaned WAL files into this worker's WAL (C-27, W-30..W-34).
+
+        Returns the tasks adopted: pending in this WAL from now on, and durable (the
+        orphans were unlinked only after an fsync covered them, W-32). Raises
+        ``ValueError`` for a ``files_max`` that is not an int from 1 to 1024.
+        """
+        return self._wal.adopt_orphans(check_files_max(files_max))
 
     def tick(self) -> None:
         """Run time-driven work that is due (the periodic fsync). Tests call it directly."""

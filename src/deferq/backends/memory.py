@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 
 from deferq._core.errors import StorageClosedError
+from deferq._core.limits import SWEEP_FILES_MAX
 from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask, PendingTask
 from deferq.backends._arguments import (
@@ -35,6 +36,7 @@ from deferq.backends._arguments import (
     check_publish_at,
 )
 from deferq.backends._deadtask import dead_task_for
+from deferq.backends._options import check_files_max
 
 __all__ = ["Memory"]
 
@@ -112,6 +114,13 @@ class Memory:
     def sync(self) -> None:
         with self._lock:
             self._check_open()
+
+    def adopt_orphans(self, files_max: int = SWEEP_FILES_MAX) -> list[PendingTask]:
+        """One process's memory has no orphans: validate as ``Disk`` does, adopt nothing (C-27)."""
+        check_files_max(files_max)
+        with self._lock:
+            self._check_open()
+        return []
 
     # --- dead tasks
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,

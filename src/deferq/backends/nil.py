@@ -39,6 +39,10 @@ class Nil:
     def sync(self) -> None:
         return None
 
+    def adopt_orphans(self, files_max: int = 4) -> list[PendingTask]:
+        """Nothing is stored, so nothing is orphaned (C-27)."""
+        return []
+
     def tick(self) -> None:
         return None
 

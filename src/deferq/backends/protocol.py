@@ -10,11 +10,11 @@ Arguments reach a backend unchecked: each backend validates its own (C-7).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from deferq._core.types import DeadTask, PendingTask
 
-__all__ = ["Backend", "DeadTaskAdmin"]
+__all__ = ["Backend", "DeadTaskAdmin", "OrphanAdopter"]
 
 
 class DeadTaskAdmin(Protocol):
@@ -76,3 +76,20 @@ class Backend(DeadTaskAdmin, Protocol):
 
     def close(self) -> None:
         """Make every write durable and release every resource; idempotent."""
+
+
+@runtime_checkable
+class OrphanAdopter(Protocol):
+    """What a backend offers, optionally, for the queue's adoption sweep (C-27, C-28).
+
+    Not part of ``Backend``: a backend without ``adopt_orphans`` keeps working, and the
+    queue then runs no sweep (C-28).
+    """
+
+    def adopt_orphans(self, files_max: int = 4) -> list[PendingTask]:
+        """Take over up to ``files_max`` stores left by dead workers; return their tasks.
+
+        Every task returned is pending in this backend from now on, and as durable as
+        what ``add_task`` with ``sync=True`` stores; a task is never returned by two
+        backends that run at once, unless a crash left it in two places (D-21).
+        """

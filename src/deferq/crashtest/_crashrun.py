@@ -27,6 +27,7 @@ from typing import Final
 import deferq._engine.wal as _wal_module
 from deferq._core.model import Crash as CrashKind
 from deferq._core.model import IdHistory, StorageModel, Write
+from deferq._engine.walorphan import HandoffWal
 from deferq.backends import Disk
 from deferq.crashtest._crashengine import (
     PATH,
@@ -224,6 +225,38 @@ class _Run:
         self.failed_workers.discard(w)
         self.open_worker(w)
 
+    def hand_over(self, w: int, task: str) -> None:
+        """A sibling process hands ``task`` over in a hand-off WAL file (W-34) and exits;
+        worker ``w``'s sweep adopts it (W-30..W-32)."""
+        worker = self.worker(w)
+        value = pending_value(task, False)
+        sibling = self._env()
+        op = self.model.add_task("hand-off", task, value)
+        handoff = HandoffWal(sibling, PATH, PREFIX)
+        try:
+            handoff.add_task(value.context, value.publish_at, task_id=task)
+            handoff.sync()
+        except SimulatedCrash:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a faulted hand-off acknowledged nothing
+            self.model.failed(op)
+            self._unexpected(f"hand-off of {task}", exc)
+            return
+        finally:
+            handoff.close()
+            if sibling.getpid() in self.disk.processes():
+                self.disk.kill(sibling.getpid())
+        self.model.acked(op, durable=True)  # fsynced, file and name (W-1, W-34)
+        try:
+            worker.adopt_orphans()
+        except SimulatedCrash:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self.failed_workers.add(w)
+            self._unexpected(f"adopt_orphans(w{w})", exc)
+            return
+        self.model.synced(f"w{w}")  # W-32: the sweep fsynced every record of w's WAL
+
     def give_up(self, w: int, task: str) -> None:
         survive = {}
         for kind in CrashKind:
@@ -250,6 +283,8 @@ class _Run:
             self.sync(step.worker)
         elif step.kind == "restart":
             self.restart(step.worker)
+        elif step.kind == "hand_over":
+            self.hand_over(step.worker, f"t{self.next_task()}")
         else:
             raise ValueError(f"unknown step {step.kind!r}")
 

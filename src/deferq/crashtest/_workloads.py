@@ -4,7 +4,9 @@ Theory of operation. A *workload* is a short sequence of engine operations on on
 two workers (``Step``): add (immediate or delayed), remove of an earlier pending task,
 sync, the give-up handoff (``add_dead_task`` then ``remove_task``, one step), removal of
 an earlier dead task, and a worker restart (close, then a new process opens the storage
-directory and adopts the WAL). Each workload also fixes ``fsync_frequency`` (0 or 0.5),
+directory and adopts the WAL), and a hand-over: a short-lived sibling process writes a new
+task into a hand-off WAL file (what ``deferq dead retry`` writes, W-34) and releases it, and
+a running worker's sweep adopts it (W-30..W-32). Each workload also fixes ``fsync_frequency`` (0 or 0.5),
 the initial state (an empty directory, or a *seeded* one holding a durable pending task
 ``p0`` and a durable dead task ``d0``) and whether WAL rotation is forced (a tiny
 ``WAL_SIZE_LIMIT_BYTES``). ``workloads`` enumerates every such sequence of exactly
@@ -36,7 +38,7 @@ STARTS: Final = ("empty", "seeded")
 class Step:
     """One workload operation. ``task`` names an earlier task (``t1``.., ``p0``, ``d0``)."""
 
-    kind: str  # add | remove | sync | give_up | remove_dead | restart
+    kind: str  # add | remove | sync | give_up | remove_dead | restart | hand_over
     worker: int = 0
     task: str = ""
     delayed: bool = False
@@ -94,10 +96,11 @@ class _Sym:
     pending: list[str] = field(default_factory=list)
     dead: list[str] = field(default_factory=list)
     dirty: set[int] = field(default_factory=set)
+    handed_over: bool = False
 
     def copy(self) -> _Sym:
         return _Sym(self.workers, self.added, dict(self.owner), list(self.pending),
-                    list(self.dead), set(self.dirty))
+                    list(self.dead), set(self.dirty), self.handed_over)
 
 
 def _candidates(sym: _Sym, frequency: float, workers_max: int) -> Iterator[Step]:
@@ -105,6 +108,11 @@ def _candidates(sym: _Sym, frequency: float, workers_max: int) -> Iterator[Step]
     for w in usable:
         yield Step("add", w)
         yield Step("add", w, delayed=True)
+    if not sym.handed_over:
+        # One hand-over per workload, to worker 0, from an empty start: a second one, one
+        # to worker 1 or next to the seeded tasks runs the same sweep code on the same
+        # kind of file (this keeps the CI tier's time down: 37 more workloads at 2 ops).
+        yield Step("hand_over", 0)
     for task in sym.pending:
         yield Step("remove", sym.owner[task], task)
         yield Step("give_up", sym.owner[task], task)
@@ -120,12 +128,16 @@ def _candidates(sym: _Sym, frequency: float, workers_max: int) -> Iterator[Step]
 def _apply(sym: _Sym, step: Step) -> _Sym:
     out = sym.copy()
     out.workers = max(out.workers, step.worker + 1)
-    if step.kind == "add":
+    if step.kind in ("add", "hand_over"):
         out.added += 1
         task = f"t{out.added}"
         out.owner[task] = step.worker
         out.pending.append(task)
-        out.dirty.add(step.worker)
+        if step.kind == "add":
+            out.dirty.add(step.worker)
+        else:
+            out.dirty.discard(step.worker)  # the sweep fsyncs the whole WAL (W-32)
+            out.handed_over = True
     elif step.kind in ("remove", "give_up"):
         out.pending.remove(step.task)
         out.dirty.add(step.worker)
@@ -145,6 +157,7 @@ def _initial(start: str) -> _Sym:
         sym.owner["p0"] = 0
         sym.pending.append("p0")
         sym.dead.append("d0")
+        sym.handed_over = True  # no hand-over from a seeded start (see _candidates)
     return sym
 
 
@@ -158,7 +171,8 @@ def workloads(max_ops: int = 3, *, workers_max: int = 2,
     with 0.5 a ``sync`` only of a worker with unsynced writes; a restart only of a
     worker in use; remove and give-up only of a task still pending, ``remove_dead``
     only of a task still dead (others are no-ops, W-6, S-5); forced rotation only in a
-    workload that removes from a WAL (rotation happens only in ``remove``).
+    workload that removes from a WAL (rotation happens only in ``remove``); one
+    ``hand_over``, to worker 0, and only from an empty start.
     """
     out: list[Workload] = []
     for start in starts:

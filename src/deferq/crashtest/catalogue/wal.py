@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from deferq._core.limits import WAL_SIZE_INCREASE_RATIO
 from deferq._core.model import Pending, StorageModel
+from deferq._core.types import PendingTask
 from deferq._engine.io import repair_tail, write_all
 from deferq._engine.wal import TasksWal
 from deferq.crashtest import SimDisk, SimEnv
@@ -85,6 +86,23 @@ class UnlinkBeforeSyncedCopyWal(TasksWal):
         self._close_fds([old_fd])
 
 
+class UnlinkBeforeSweepSyncWal(TasksWal):
+    """The adoption sweep unlinks the orphans (durably) before the copy it appended is fsynced
+    (W-32): a power loss in between loses the adopted tasks, in both places at once."""
+
+    def adopt_orphans(self, files_max: int) -> list[PendingTask]:
+        claimed = self._claim_orphans(files_max)
+        if not claimed:
+            return []
+        replay = self._replay(claimed)
+        with self._mutex:
+            adopted = self._append_adopted(replay)
+            self._retire(claimed)  # BUG: the adopted records are not durable yet.
+            self._sync_through_locked(self._written)
+        return [PendingTask(task_id, context, publish_at)
+                for task_id, (publish_at, context) in adopted]
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("retry-failed-fsync", "W-12, A-7, D-10: retries a failed WAL fsync and reports success",
            "exploration: FsyncEio at the add's fsync, power loss loses the acked task",
@@ -100,6 +118,13 @@ MUTANTS: tuple[Mutant, ...] = (
            Engine("unlink-before-synced-copy",
                   disk_with("UnlinkEarly", wal=UnlinkBeforeSyncedCopyWal)),
            workloads=(workload(ADD, ADD, Step("remove", 0, "t1"), rotate=True),)),
+    Mutant("sweep-unlinks-before-sync",
+           "W-32, D-21: the adoption sweep unlinks the orphans before the adopted tasks are fsynced",
+           "exploration: a hand-over (hand-off file, then a sweep); power loss between the "
+           "sweep's directory fsync and its file fsync loses t1",
+           Engine("sweep-unlinks-before-sync",
+                  disk_with("SweepEarly", wal=UnlinkBeforeSweepSyncWal)),
+           workloads=(workload(Step("hand_over", 0)), workload(ADD, Step("hand_over", 0), f=0.5))),
 )
 
 

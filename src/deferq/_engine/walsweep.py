@@ -1,0 +1,106 @@
+"""The adoption sweep: a running worker adopts orphaned WAL files into its open WAL
+(spec/wal.md W-30..W-34).
+
+Rules: at most ``files_max`` orphans are claimed per sweep, in name order, with the same
+``LOCK_EX | LOCK_NB`` and link-count check as at open (W-27, W-31), so live siblings that
+sweep the same directory never adopt the same file (the flock decides) and share the
+orphans. The claimed files are replayed outside the WAL's mutex (they are this worker's
+own descriptors; the appends and removes of other threads go on meanwhile). Then, under
+the mutex, the ``add`` line of every task they hold that is not pending here already is
+appended to the main file in one write (cut back whole if it fails, W-13), every record
+written so far is fsynced (group commit, W-21), and only then are the orphans unlinked,
+still locked, the directory fsynced and their descriptors closed (W-32: the same order as
+the fresh copy of an adoption at open, W-3/W-4). A task already pending here is the same
+task, left in two files by an adoption that was interrupted between its copy and its
+unlink (W-4): its copy here is kept as it is, so it never runs twice in one worker.
+
+Unlike an adoption at open, the adopted records go into the main file rather than a fresh
+file: the main file is this worker's own, created per W-1 and only ever written by it, so
+its fsync covers them (A-7 concerns the adopted files' pages, which are never written to
+nor trusted). Part of ``TasksWal`` (see ``walbase``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from deferq._core.recovery import WalReplay, live_fields
+from deferq._core.types import PendingTask
+from deferq._engine.io import join
+from deferq._engine.walfiles import WalFiles
+from deferq._engine.walspace import WalSpace
+from deferq._engine.walsync import WalSync
+
+log = logging.getLogger("deferq")
+
+
+class WalSweep(WalFiles, WalSpace, WalSync):
+    """Adopting orphaned WAL files while the WAL is open (W-30..W-34)."""
+
+    def adopt_orphans(self, files_max: int) -> list[PendingTask]:
+        """Implements W-30..W-32: adopt up to ``files_max`` orphaned WAL files.
+
+        Returns the tasks adopted (pending in this WAL from now on, durable in its main
+        file), in the orphans' pending order; ``files_max`` was validated by the caller.
+        Raises what ``add`` raises (``StorageClosedError``, ``StorageBrokenError``, an
+        ``OSError`` of a write that was cut back), leaving every orphan as it was.
+        """
+        with self._mutex:
+            self._check_usable()
+        claimed = self._claim_orphans(files_max)
+        if not claimed:
+            return []
+        fds = [fd for _, fd in claimed]
+        try:
+            replay = self._replay(claimed)
+        except BaseException:
+            self._close_fds(fds)
+            raise
+        # Implements W-5 for adopted ids: never issue an id at or below a seed adopted.
+        self._ids.raise_floor(replay.seed_max + 1)
+        if replay.corrupt:
+            log.warning("Detected %d corrupted deferred task record(s) in %s", replay.corrupt,
+                        ", ".join(join(self._path, name) for name, _ in claimed))
+        with self._mutex:
+            try:
+                self._check_usable()
+                adopted = self._append_adopted(replay)
+                # Implements W-32: every adopted record is durable before any orphan goes.
+                self._sync_through_locked(self._written)
+            except BaseException:
+                self._close_fds(fds)
+                raise
+            self._retire(claimed)
+        log.info("swept %d orphaned WAL file(s) holding %d pending task(s): %s", len(claimed),
+                 len(adopted), ", ".join(name for name, _ in claimed))
+        return [PendingTask(task_id, context, publish_at)
+                for task_id, (publish_at, context) in adopted]
+
+    def _append_adopted(self, replay: WalReplay) -> list[tuple[str, tuple[int | None, bytes]]]:
+        """Append the ``add`` line of every adopted task not pending here (W-32, W-33).
+
+        One write for all of them: a failure cuts the whole batch back (W-13) and nothing
+        is adopted. The mutex is held.
+        """
+        lines = {task_id: line for task_id, line in replay.live.items()
+                 if task_id not in self._live}
+        if not lines:
+            return []
+        batch = b"".join(lines.values())
+        start = self._size
+        end = start + len(batch)
+        if end > self._reserved:
+            self._reserve(end - start)
+        window = self._window
+        try:
+            if window is not None:  # W-26: the batch fits the mapped reserved space
+                window[start - self._base:end - self._base] = batch
+            else:
+                self._write_line(batch)
+        except OSError:
+            self._cut_back()
+            raise
+        self._size = end
+        self._written += len(lines)  # W-20: one ticket per record
+        self._live.update(lines)
+        return [(task_id, live_fields(line)) for task_id, line in lines.items()]
