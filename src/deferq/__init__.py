@@ -8,6 +8,7 @@ from deferq._runtime.config import Config, DiskOptions
 from deferq._core.errors import (
     DeadTasksLockTimeout,
     DeferqError,
+    DepsTypeError,
     LimitExceededError,
     NotATaskError,
     QueueStateError,
@@ -17,23 +18,27 @@ from deferq._core.errors import (
 )
 from deferq._runtime.operator import Operator, Retried
 from deferq._runtime.queue import Queue
+from deferq._runtime.book import TaskStatus
 from deferq._runtime.backpressure import Backpressure
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.errors import PushTimeout, TaskTimeoutError, UnloadableTaskError
 from deferq._runtime.jsontypes import JsonTypes
+from deferq._runtime.options import ConfiguredTask
 from deferq._runtime.serialize import ContextCodec, ContextError, SerializationError
-from deferq._runtime.task import Task, TaskFunction, TaskRegistry, task
+from deferq._runtime.task import Task, TaskFunction, TaskRegistry, task, task_deps
 from deferq._core.types import DeadTask, PendingTask
 
 __all__ = [
     "Backpressure",
     "Clock",
     "Config",
+    "ConfiguredTask",
     "ContextCodec",
     "ContextError",
     "DeadTask",
     "DeadTasksLockTimeout",
     "DeferqError",
+    "DepsTypeError",
     "DiskOptions",
     "JsonTypes",
     "LimitExceededError",
@@ -53,7 +58,9 @@ __all__ = [
     "TaskNotRegisteredError",
     "TaskRegistry",
     "TaskTimeoutError",
+    "TaskStatus",
     "UnloadableTaskError",
     "__version__",
     "task",
+    "task_deps",
 ]

@@ -232,3 +232,31 @@ def test_an_id_the_queue_does_not_hold_is_false_and_changes_nothing() -> None:
         assert await queue.cancel(before) is False  # stopped
         assert _ids(backend) == {before}
     run(main())
+
+
+@deferq.task(name="cancel.keyed", registry=REG, inline=True)
+def keyed(label: str) -> None:
+    EVENTS.append(f"ran {label}")
+
+
+@pytest.mark.spec("Q-40", "Q-54", "Q-58")
+def test_a_cancelled_keyed_task_frees_its_key_and_its_status_is_unknown() -> None:
+    """A cancel goes through the journal's removal: the unique key is free again and the
+    status lookup no longer reports the task (the book forgets it)."""
+    async def main() -> None:
+        EVENTS.clear()
+        clock = ManualClock(1_900_000_000)
+        with Memory() as backend:
+            queue = deferq.Queue(backend, clock=clock, registry=REG)
+            await queue.start()
+            first = queue.defer(keyed.options(key="k", delay=60), "first")
+            assert queue.defer(keyed.options(key="k", delay=60), "again") == first
+            assert await queue.status(first) is deferq.TaskStatus.DELAYED
+            assert await queue.cancel(first) is True
+            assert await queue.status(first) is deferq.TaskStatus.UNKNOWN
+            second = queue.defer(keyed.options(key="k"), "second")
+            assert second != first
+            await settle()
+            assert EVENTS == ["ran second"]
+            await queue.stop()
+    run(main())

@@ -35,9 +35,8 @@ async def fails(order: int) -> None:
 
 
 def enqueue_with_meta(queue: deferq.Queue, meta: object) -> str:
-    """The internal enqueue path with metadata (what ``options(meta=...)`` will call)."""
-    data, context, cls = queue._prepare(fails, (1,), {}, meta=meta)  # type: ignore[arg-type]
-    return queue._persist_and_schedule(data, context, cls, None, None)
+    """Metadata given as the task's option (Q-66), checked when ``options`` is called."""
+    return queue.defer(fails.options(meta=meta), 1)  # type: ignore[arg-type]
 
 
 @pytest.mark.spec("Q-66", "Q-67")

@@ -29,6 +29,14 @@ class QueueStateError(DeferqError, RuntimeError):
     """A queue was used in a state that does not allow it, e.g. ``start()`` twice (C-22)."""
 
 
+class DepsTypeError(DeferqError, TypeError):
+    """A task asked for the queue's ``deps`` as a type it is not, or outside an execution (Q-57).
+
+    Raised inside ``perform`` by ``Task.deps_as`` or ``deferq.task_deps``, so it is a failed
+    execution like any other.
+    """
+
+
 class DeadTasksLockTimeout(DeferqError, TimeoutError):
     """The dead-task store's lock could not be taken within the bounded retries.
 

@@ -4,11 +4,11 @@ Rules: ``deferq dead retry`` is a short-lived process, not a worker: it must not
 worker's WAL behind (a main file reserves 1 MiB ahead of its records, W-25), nor run the
 tasks itself. So its tasks are buffered, and ``sync`` writes them into a new WAL file
 exactly as large as its records: created, locked and made durable by name as any WAL file
-(W-1), then the seed marker (W-5) and one ``add`` record per task, one fsync, and the
+(W-1), then the seed marker (W-28) and one ``add`` record per task, one fsync, and the
 lock released. The file is then an orphan like a dead worker's (W-27): the adoption
 sweep of a running worker (W-30) or the next worker to open the directory adopts it and
 unlinks it. A failed write or fsync unlinks the file durably (W-10's discard) and raises:
-nothing was acknowledged. Ids are generated per W-5 from this process's own id source.
+nothing was acknowledged. Ids are generated per W-28 from this process's own id source.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class HandoffWal(WalFiles):
 
     def add_task(self, context: bytes, publish_at: int | None = None,
                  task_id: str | None = None) -> str:
-        """Buffer a task under a new id (W-5), or ``task_id`` (the caller's, valid and used
+        """Buffer a task under a new id (W-28), or ``task_id`` (the caller's, valid and used
         nowhere else, W-15), and return the id; ``sync`` writes it."""
         self._check_usable()
         if task_id is None:

@@ -56,7 +56,7 @@ class WalSweep(WalFiles, WalSpace, WalSync):
         except BaseException:
             self._close_fds(fds)
             raise
-        # Implements W-5 for adopted ids: never issue an id at or below a seed adopted.
+        # Implements W-28 for adopted ids: never issue an id at or below a seed adopted.
         self._ids.raise_floor(replay.seed_max + 1)
         if replay.corrupt:
             log.warning("Detected %d corrupted deferred task record(s) in %s", replay.corrupt,

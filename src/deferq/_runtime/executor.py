@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from deferq._core.types import PendingTask
+from deferq._runtime.book import RUNNING
 from deferq._runtime.clock import Clock
 from deferq._runtime.errors import PushTimeout, TaskTimeoutError, UnloadableTaskError
 from deferq._runtime.journal import Journal
@@ -49,13 +50,15 @@ class Executor:
     """Runs executions the scheduler began, and writes each one's outcome to the journal."""
 
     def __init__(self, scheduler: Scheduler, journal: Journal, *, registry: TaskRegistry,
-                 codec: ContextCodec, clock: Clock, rng: random.Random, pool: SyncPool) -> None:
+                 codec: ContextCodec, clock: Clock, rng: random.Random, pool: SyncPool,
+                 deps: object = None) -> None:
         self._scheduler = scheduler
         self._journal = journal
         self._registry = registry
         self._codec = codec
         self._clock = clock
         self._rng = rng
+        self._deps = deps  # given to every task instance (Q-57)
         self.inflight = 0  # executions running
         self._pool = pool
         self._pooled: dict[type[Task], bool] = {}  # whose perform runs in the pool (Q-38)
@@ -64,6 +67,7 @@ class Executor:
         self._maybe_idle = scheduler.maybe_idle
         self._job_done = scheduler.job_done
         self._remove = journal.remove
+        self._book_tasks = journal.book.tasks  # Q-58: RUNNING until its outcome is written
         scheduler.attach(self.run_plain, self.run)
 
     # ------------------------------------------------------------------ one execution
@@ -165,8 +169,9 @@ class Executor:
         instance: Task | None = None
         try:
             instance = cls()
-            instance.rng, instance.task_id, instance.attempt = (
-                self._rng, task_id, context.attempts + 1)
+            instance.rng, instance.task_id, instance.attempt, instance.deps = (
+                self._rng, task_id, context.attempts + 1, self._deps)
+            self._book_tasks[task_id] = RUNNING
             perform: object = getattr(instance, "perform")
             if not callable(perform):
                 raise TypeError(f"{cls.task_name}.perform is not callable")
@@ -268,6 +273,7 @@ class Executor:
             await self.dead_letter_unloadable(pending, str(reason))
             return False
         publish_in = None if pending.publish_at is None else pending.publish_at - now
+        self._journal.book.added(pending.task_id, pending.publish_at, context.key)  # Q-55
         self._scheduler.schedule(pending.task_id, context, cls, publish_in)
         return True
 

@@ -26,6 +26,7 @@ import asyncio
 import itertools
 import logging
 
+from deferq._runtime.book import TaskBook
 from deferq._runtime.committer import Committer
 from deferq.backends.protocol import Backend
 
@@ -35,8 +36,11 @@ log = logging.getLogger("deferq.queue")
 class Journal:
     """The queue's writer of backend transitions (add, re-add, remove, give up) and commits."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, book: TaskBook) -> None:
         self.backend = backend
+        self.book = book  # told of every re-add and removal (Q-54, Q-58)
+        self._book_tasks = book.tasks  # bound once: written per removal
+        self._key_of = book.key_of
         self._loop: asyncio.AbstractEventLoop | None = None
         self._local_ids = itertools.count(1)  # ids of tasks a backend does not store (Nil)
         # Group commit (Q-20..Q-23): only for a power-safe Disk; other backends are called
@@ -69,30 +73,51 @@ class Journal:
 
         Only when ``commits_here`` is true.
         """
+        task_id = self.add_unsynced(data, publish_at)
+        await self.commit_written()
+        return task_id
+
+    def add_unsynced(self, data: bytes, publish_at: int | None) -> str:
+        """Write a new task without an fsync; ``commit_written`` makes it durable (Q-20)."""
         disk = self._disk
         assert disk is not None
         stored = disk.add_task(data, publish_at, None, sync=False)
-        task_id = stored if stored is not None else f"local-{next(self._local_ids)}"
+        return stored if stored is not None else f"local-{next(self._local_ids)}"
+
+    async def commit_written(self) -> None:
+        """Return once a group commit covered every record written so far (Q-20, Q-56)."""
+        disk = self._disk
+        assert disk is not None
         await self._commit_through(disk, disk.written_ticket())
-        return task_id
+
+    def sync_written(self) -> None:
+        """Implements Q-56 for a synchronous caller: every record written so far is durable
+        when this returns (on a power-safe Disk; other backends keep their own cadence)."""
+        disk = self._disk
+        if disk is not None:
+            disk.sync_through(disk.written_ticket())
 
     def readd(self, data: bytes, publish_at: int | None, task_id: str) -> None:
         """A retry's re-add; on a power-safe Disk, unsynced with a background commit (Q-22)."""
         disk = self._disk
         if disk is None:
             self.add(data, publish_at, task_id)
-            return
-        disk.add_task(data, publish_at, task_id, sync=False)
-        self._flush_later(disk)
+        else:
+            disk.add_task(data, publish_at, task_id, sync=False)
+            self._flush_later(disk)
+        self.book.added(task_id, publish_at)
 
     def remove(self, task_id: str) -> None:
         """Record a finished task; on a power-safe Disk, unsynced with a background commit (Q-22)."""
         disk = self._disk
         if disk is None:
             self.backend.remove_task(task_id)
-            return
-        disk.remove_task(task_id, sync=False)
-        self._flush_later(disk)
+        else:
+            disk.remove_task(task_id, sync=False)
+            self._flush_later(disk)
+        self._book_tasks.pop(task_id, None)
+        if self._key_of:
+            self.book.forget_key(task_id)  # its unique key is free again (Q-54)
 
     async def give_up(self, task_id: str, data: bytes, exc: BaseException, task_class: str,
                       attempts: int, enqueued_at: int | None = None) -> None:

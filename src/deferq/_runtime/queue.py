@@ -29,12 +29,11 @@ This module keeps the lifecycle, the enqueue API and the introspection:
 from __future__ import annotations
 
 import asyncio
-import datetime
 import enum
 import logging
-import math
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from typing import ParamSpec, TypeVar
 
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
 from deferq._core.limits import (
@@ -45,25 +44,39 @@ from deferq._core.limits import (
     SWEEP_FILES_MAX,
     SYNC_THREADS_MAX,
 )
-from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.backpressure import Backpressure
 from deferq._runtime.cancel import Canceller
+from deferq._runtime.deadapi import DeadTaskApi
 from deferq._runtime.claimer import Claimer
+from deferq._runtime.book import TaskBook, TaskStatus
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.ctxfields import check_meta, enqueue_time
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.executor import Executor
 from deferq._runtime.journal import Journal
-from deferq._runtime.operator import Operator, Retried
+from deferq._runtime.operator import Operator
+from deferq._runtime.options import (
+    NO_OPTIONS,
+    ConfiguredTask,
+    DeferOptions,
+    Performs,
+    enqueue_timing,
+    seconds_value,
+)
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.sweeper import Sweeper, adopter_of
-from deferq._runtime.serialize import JSON_CODEC, Context, ContextCodec, ContextError
+from deferq._runtime.serialize import JSON_CODEC, Context, ContextCodec
 from deferq._runtime.syncpool import SyncPool
-from deferq._runtime.task import REGISTRY, Task, TaskRegistry, task_class_of
+from deferq._runtime.task import REGISTRY, Task, TaskFunction, TaskRegistry, task_class_of
 from deferq.backends._options import check_sweep_interval
 from deferq.backends.protocol import Backend, ClaimingBackend
 
 log = logging.getLogger("deferq.queue")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+# What ``defer`` takes: a task, checked by mypy against its signature (Q-50).
+Deferrable = TaskFunction[P, R] | type[Performs[P]] | ConfiguredTask[P]
 
 
 class _State(enum.Enum):
@@ -79,13 +92,7 @@ def _count(value: object, name: str, most: int) -> int:
     return value
 
 
-def _seconds(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
-    return float(value)
-
-
-class Queue:
+class Queue(DeadTaskApi):
     """An in-process deferred-task queue over a backend (``Disk`` or ``Nil``).
 
     ``await start()`` on the application's loop, ``enqueue(...)`` from it, ``await stop()``.
@@ -96,7 +103,7 @@ class Queue:
                  rng: random.Random | None = None, codec: ContextCodec | None = None,
                  sweep_interval: float = DEFAULT_SWEEP_INTERVAL_S,
                  max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-                 sync_threads: int = DEFAULT_SYNC_THREADS) -> None:
+                 sync_threads: int = DEFAULT_SYNC_THREADS, deps: object = None) -> None:
         self.backend = backend
         # Q-37: executions that run at once; the others wait in memory for a slot.
         self.max_concurrency = _count(max_concurrency, "max_concurrency", MAX_CONCURRENCY_MAX)
@@ -110,13 +117,16 @@ class Queue:
         self.rng = random.Random() if rng is None else rng
         self.operator = Operator(backend, backend)
         self._state = _State.NEW
-        self._journal = Journal(backend)
+        self._book = TaskBook()
+        self._journal = Journal(backend, self._book)
         self._scheduler = Scheduler(self.clock, backpressure,
                                     max_concurrency=self.max_concurrency)
         self._executor = Executor(self._scheduler, self._journal, registry=self.registry,
                                   codec=self.codec, clock=self.clock, rng=self.rng,
-                                  pool=self._pool)
+                                  pool=self._pool, deps=deps)
         self._canceller = Canceller(self._scheduler, self._executor, self._journal, self.clock)
+        # Q-57: what tasks get as ``self.deps`` / ``task_deps(...)``; never stored.
+        self.deps = deps
         # Q-70..Q-72: the adoption sweep, when the backend has one (C-28).
         adopt, interval_s = adopter_of(backend), check_sweep_interval(sweep_interval)
         self._sweeper = None if adopt is None else Sweeper(
@@ -151,7 +161,30 @@ class Queue:
         """Return when no immediate or running work is left (delayed tasks may remain)."""
         await self._scheduler.wait_idle()
 
+    async def status(self, task_id: str) -> TaskStatus:
+        """Implements Q-58: what this queue knows of a task, by id.
+
+        PENDING, DELAYED or RUNNING for a task in this queue's WAL (no I/O); else DEAD when
+        the shared dead-task store holds it (read in a worker thread); else UNKNOWN.
+        """
+        if not isinstance(task_id, str):
+            raise ValueError(f"task_id must be a str, got {type(task_id).__name__}")
+        known = self._book.status(task_id, self.clock.time())
+        if known is not None:
+            return known
+        dead = await asyncio.to_thread(self.operator.find_dead, task_id)
+        return TaskStatus.UNKNOWN if dead is None else TaskStatus.DEAD
+
     # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> Queue:
+        """``async with queue:`` starts it (Q-59)."""
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Stops it with the default timeout, whatever ended the block (Q-59)."""
+        await self.stop()
+
     async def start(self) -> None:
         """Bind to the running loop and replay the backend's pending tasks (Q-9)."""
         if self._state is not _State.NEW:
@@ -185,7 +218,7 @@ class Queue:
         swallows its cancellation is waited for at most ``STOP_GRACE_S`` more, then named
         in a warning and left running; its outcome is not recorded (Q-35).
         """
-        wait_s = _seconds(timeout, "timeout")
+        wait_s = seconds_value(timeout, "timeout")
         if self._state in (_State.STOPPING, _State.STOPPED):
             return True
         self._state = _State.STOPPING
@@ -219,6 +252,44 @@ class Queue:
             TypeError: ``task_id`` is not a str.
         """
         return await self._canceller.cancel(task_id)
+    # ------------------------------------------------------------------ defer
+    def defer(self, task: Deferrable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> str:
+        """Persist a task in the WAL, then schedule it; return its id (Q-50, Q-7).
+
+        Every argument after ``task`` goes to the task, keywords included; options are
+        given on the task: ``queue.defer(send.options(delay=60, key="k"), "a@example.com")``.
+        mypy checks the arguments against the task's signature (``perform``'s for a
+        ``Task`` subclass). Backpressure as ``enqueue``: ``PushTimeout`` at once.
+
+        Raises:
+            NotATaskError: ``task`` is not a task; TaskNotRegisteredError: not in this
+            queue's registry; SerializationError: an argument cannot be stored.
+        """
+        cls, options = self._resolve(task)
+        data, context, cls = self._prepare(cls, args, kwargs, options.key, meta=options.meta)
+        if self.backpressure is not None:
+            self._refuse_above_high_water()
+        publish_at, publish_in = self._publish(options)
+        return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
+
+    async def adefer(self, task: Deferrable[P, R], /, *args: P.args,
+                     **kwargs: P.kwargs) -> str:
+        """``defer`` that waits for backpressure, and on a power-safe ``Disk`` returns once
+        a group commit made the task durable, as ``aenqueue`` does (Q-50, Q-11, Q-20)."""
+        cls, options = self._resolve(task)
+        data, context, cls = self._prepare(cls, args, kwargs, options.key, meta=options.meta)
+        return await self._apersist(data, context, cls, self._publish(options))
+
+    def _resolve(self, task: object) -> tuple[type[Task], DeferOptions]:
+        # An exact type check: isinstance of a Generic class costs ~400 instructions.
+        if type(task) is ConfiguredTask:
+            return task_class_of(task.task), task.settings
+        return task_class_of(task), NO_OPTIONS
+
+    def _publish(self, options: DeferOptions) -> tuple[int | None, int | None]:
+        if options.delay_s is None and options.at_s is None:
+            return None, None  # the common case reads no clock
+        return options.timing(int(self.clock.time()))
 
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, task: object, /, *args: object, delay: object = None,
@@ -231,13 +302,11 @@ class Queue:
         synchronous call cannot wait: above the high water mark it raises ``PushTimeout``
         at once; ``await aenqueue(...)`` waits up to the timeout instead.
         """
-        data, context, cls = self._prepare(task, args, kwargs)
-        bp = self.backpressure
-        if bp is not None and self._scheduler.backlog > bp.high_water_mark:
-            backlog = self._scheduler.backlog
-            raise PushTimeout(f"could not enqueue deferred task: backlog {backlog} is above "
-                              f"the high water mark {bp.high_water_mark}")
-        return self._persist_and_schedule(data, context, cls, delay, delay_until)
+        data, context, cls = self._prepare(task_class_of(task), args, kwargs)
+        if self.backpressure is not None:
+            self._refuse_above_high_water()
+        publish_at, publish_in = self._timing(delay, delay_until)
+        return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
 
     async def aenqueue(self, task: object, /, *args: object, delay: object = None,
                        delay_until: object = None, **kwargs: object) -> str:
@@ -246,91 +315,77 @@ class Queue:
         On a power-safe ``Disk`` it returns once a group commit made the task durable,
         without blocking the event loop on the fsync (Q-20).
         """
-        data, context, cls = self._prepare(task, args, kwargs)
+        data, context, cls = self._prepare(task_class_of(task), args, kwargs)
+        return await self._apersist(data, context, cls, self._timing(delay, delay_until))
+
+    async def _apersist(self, data: bytes, context: Context, cls: type[Task],
+                        timing: tuple[int | None, int | None]) -> str:
         bp = self.backpressure
         if bp is not None and self._scheduler.backlog > bp.high_water_mark:
             await self._scheduler.make_room()  # (tested here first: no coroutine per enqueue)
         journal = self._journal
+        publish_at, publish_in = timing
         if not journal.commits_here():
             # Not a power-safe Disk, not started, or awaited on another loop: the inline
             # fsync of ``enqueue``.
-            return self._persist_and_schedule(data, context, cls, delay, delay_until)
-        publish_at, publish_in = self._timing(delay, delay_until)
-        task_id = await journal.add_durable(data, publish_at)
+            return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
+        key, book = context.key, self._book
+        if key is None:
+            task_id = journal.add_unsynced(data, publish_at)
+            book.tasks[task_id] = publish_at
+        else:
+            with book.lock:  # Implements Q-54: the check and the write are one step.
+                owner = book.owner(key)
+                if owner is None:
+                    task_id = journal.add_unsynced(data, publish_at)
+                    book.added(task_id, publish_at, key)
+            if owner is not None:
+                await journal.commit_written()  # Implements Q-56.
+                return owner
+        await journal.commit_written()
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
 
-    def _prepare(self, task: object, args: tuple[object, ...], kwargs: dict[str, object],
-                 *, meta: Mapping[str, str] | None = None) -> tuple[bytes, Context, type[Task]]:
-        cls = task_class_of(task)
+    def _refuse_above_high_water(self) -> None:
+        bp = self.backpressure
+        if bp is not None and self._scheduler.backlog > bp.high_water_mark:
+            backlog = self._scheduler.backlog
+            raise PushTimeout(f"could not enqueue deferred task: backlog {backlog} is above "
+                              f"the high water mark {bp.high_water_mark}")
+
+    def _prepare(self, cls: type[Task], args: tuple[object, ...], kwargs: dict[str, object],
+                 key: str | None = None, *, meta: Mapping[str, str] | None = None
+                 ) -> tuple[bytes, Context, type[Task]]:
         if self.registry.get(cls.task_name) is not cls:
             raise TaskNotRegisteredError(
                 f"task {cls.task_name!r} is not registered in this queue's registry")
         # Implements Q-65: the record keeps when the task was first enqueued.
-        # Implements Q-66: ``meta`` is the internal path's keyword, checked before anything
-        # is stored; the user-facing option is the task's ``options(meta=...)``.
-        context = Context(cls.task_name, args, kwargs, 0, None, enqueue_time(self.clock.time()),
+        # Implements Q-66: ``meta`` is checked before anything is stored; users give it as
+        # the task's ``options(meta=...)``.
+        context = Context(cls.task_name, args, kwargs, 0, key, enqueue_time(self.clock.time()),
                           check_meta(meta))
         return self.codec.encode(context), context, cls
 
     def _timing(self, delay: object, delay_until: object) -> tuple[int | None, int | None]:
-        """(publish_at, publish_in) as in the reference: None, None for immediate."""
+        """(publish_at, publish_in) of ``enqueue``'s options (Q-7)."""
         if delay is None and delay_until is None:
             return None, None  # the common case reads no clock
-        now = int(self.clock.time())
-        if delay is not None:
-            seconds = int(_seconds(delay, "delay"))
-            return (now + seconds, seconds) if seconds > 0 else (None, None)
-        if delay_until is not None:
-            if isinstance(delay_until, datetime.datetime):
-                if delay_until.tzinfo is None:
-                    raise ValueError("delay_until must be an aware datetime (with a tzinfo)")
-                when = int(delay_until.timestamp())
-            else:
-                when = int(_seconds(delay_until, "delay_until"))
-            return (when, when - now) if when > now else (None, None)
-        return None, None
+        return enqueue_timing(delay, delay_until, int(self.clock.time()))
 
     def _persist_and_schedule(self, data: bytes, context: Context, cls: type[Task],
-                              delay: object, delay_until: object) -> str:
-        publish_at, publish_in = self._timing(delay, delay_until)
-        task_id = self._journal.add(data, publish_at, None)
+                              publish_at: int | None, publish_in: int | None) -> str:
+        key, book = context.key, self._book
+        if key is None:
+            task_id = self._journal.add(data, publish_at, None)
+            book.tasks[task_id] = publish_at  # (no call: this is every enqueue's path)
+        else:
+            with book.lock:  # Implements Q-54: the check and the write are one step.
+                owner = book.owner(key)
+                if owner is None:
+                    task_id = self._journal.add(data, publish_at, None)
+                    book.added(task_id, publish_at, key)
+            if owner is not None:
+                self._journal.sync_written()  # Implements Q-56.
+                return owner
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
-
-    # ------------------------------------------------------------------ operator API
-    async def dead_tasks(self, *, limit: int | None = None, offset: int = 0,
-                         task_class: str | None = None,
-                         exception_class: str | None = None) -> list[DeadTask]:
-        """Dead tasks newest first, optionally filtered (Q-13)."""
-        return await asyncio.to_thread(self.operator.list_dead, limit=limit, offset=offset,
-                                       task_class=task_class, exception_class=exception_class)
-
-    async def dead_task(self, task_id: str) -> DeadTask | None:
-        """One dead task, or None."""
-        return await asyncio.to_thread(self.operator.find_dead, task_id)
-
-    async def retry_dead_tasks(self, ids: Iterable[str]) -> tuple[list[Retried], list[str]]:
-        """Put dead tasks back into this worker's WAL under new ids and run them (Q-33)."""
-        retried, missing = await asyncio.to_thread(self.operator.retry_dead, list(ids))
-        for item in retried:
-            if item.new_id is None:
-                continue
-            try:
-                context = self.codec.decode(item.context)
-            except ContextError as reason:
-                await self._executor.dead_letter_unloadable(
-                    PendingTask(item.new_id, item.context, None), str(reason))
-                continue
-            cls = self.registry.get(context.task)
-            if cls is None:
-                await self._executor.dead_letter_unloadable(
-                    PendingTask(item.new_id, item.context, None),
-                    f"task {context.task!r} is not registered")
-                continue
-            self._scheduler.schedule(item.new_id, context, cls, None)
-        return retried, missing
-
-    async def remove_dead_tasks(self, ids: Iterable[str]) -> int:
-        """Remove dead tasks by id; the number found."""
-        return await asyncio.to_thread(self.operator.remove_dead, list(ids))

@@ -24,12 +24,14 @@ Rules:
 
 from __future__ import annotations
 
+import contextvars
+import datetime
 import inspect
 import logging
 import math
 import random
 import types
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import (
     TYPE_CHECKING,
     ClassVar,
@@ -41,8 +43,9 @@ from typing import (
     overload,
 )
 
-from deferq._core.errors import NotATaskError
+from deferq._core.errors import DepsTypeError, NotATaskError
 from deferq._core.limits import TASK_TIMEOUT_MAX_S
+from deferq._runtime.options import ConfiguredTask, Performs, check_options
 
 log = logging.getLogger("deferq.queue")
 
@@ -52,6 +55,13 @@ _NAME_BYTES_MAX: Final = 1024  # the dead-task store's task_class limit
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
+
+# The deps of the queue running the current @task function (Q-57): set by its generated
+# ``perform`` around the call, in whatever thread or task runs it.
+_NO_DEPS: Final = object()
+_CURRENT_DEPS: Final[contextvars.ContextVar[object]] = contextvars.ContextVar(
+    "deferq_task_deps", default=_NO_DEPS)
 
 
 def check_max_retries(value: object) -> int:
@@ -147,6 +157,7 @@ class Task:
 
     # Set by the queue on each instance before perform runs.
     rng: random.Random = random.Random()
+    deps: object = None  # the queue's ``deps`` (Q-57); typed access: ``deps_as(Kind)``
     task_id: str = ""
     attempt: int = 1  # this execution's number: stored attempts + 1
 
@@ -168,6 +179,32 @@ class Task:
         def perform(self, *args: object, **kwargs: object) -> object:
             """The task's work. A raised exception is a failed execution."""
             raise NotImplementedError(f"{type(self).__qualname__} must define perform()")
+
+    @classmethod
+    def options(cls: type[Performs[P]], *, delay: float | datetime.timedelta | None = None,
+                at: datetime.datetime | None = None, key: str | None = None,
+                meta: Mapping[str, str] | None = None) -> ConfiguredTask[P]:
+        """This task with enqueue options, for ``Queue.defer`` (Q-50, Q-51, Q-66).
+
+        Args:
+            delay: seconds (int or float) or a ``timedelta`` from the enqueue, >= 0.
+            at: a timezone-aware ``datetime`` to run at (a past one runs at once).
+            key: a unique key: while a task with it is pending, ``defer`` stores no other.
+            meta: string metadata stored with the task (e.g. a W3C ``traceparent``); it
+                survives restarts and retries and shows on its dead task.
+
+        Raises:
+            ValueError: naming the option that is not valid.
+        """
+        return ConfiguredTask(cls, check_options(delay, at, key, meta))
+
+    def deps_as(self, kind: type[T]) -> T:
+        """The queue's ``deps`` object, checked to be a ``kind`` (Q-57).
+
+        Raises:
+            DepsTypeError: when the queue was given no ``deps`` or one of another type.
+        """
+        return _checked_deps(self.deps, kind, type(self).task_name)
 
     def retry_interval(self, exception: BaseException, attempt: int) -> object:
         """Seconds until the next execution after failure number ``attempt``, or None/False
@@ -207,17 +244,31 @@ class TaskFunction(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<deferq task {self.task_class.task_name}>"
 
+    def options(self, *, delay: float | datetime.timedelta | None = None,
+                at: datetime.datetime | None = None, key: str | None = None,
+                meta: Mapping[str, str] | None = None) -> ConfiguredTask[P]:
+        """This task with enqueue options, for ``Queue.defer``: see ``Task.options``."""
+        return ConfiguredTask(self, check_options(delay, at, key, meta))
+
 
 def _task_class_for(function: Callable[P, R], name: str | None, max_retries: object,
                     registry: TaskRegistry | None, inline: object = False,
                     timeout: object = None) -> type[Task]:
     def perform(self: Task, *args: P.args, **kwargs: P.kwargs) -> R:
-        return function(*args, **kwargs)
+        token = _CURRENT_DEPS.set(self.deps)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _CURRENT_DEPS.reset(token)
 
     # An async function's task gets an async ``perform``: the queue runs it as its own
     # asyncio task from the start (a plain ``perform`` runs as a loop callback).
     async def perform_async(self: Task, *args: P.args, **kwargs: P.kwargs) -> object:
-        return await cast("Awaitable[object]", function(*args, **kwargs))
+        token = _CURRENT_DEPS.set(self.deps)
+        try:
+            return await cast("Awaitable[object]", function(*args, **kwargs))
+        finally:
+            _CURRENT_DEPS.reset(token)
 
     task_name = name if name is not None else f"{function.__module__}.{function.__qualname__}"
     namespace: dict[str, object] = {
@@ -263,11 +314,36 @@ def task(function: Callable[P, R] | None = None, /, *, name: str | None = None,
     return wrap if function is None else wrap(function)
 
 
+def _checked_deps(deps: object, kind: type[T], task_name: str) -> T:
+    if not isinstance(deps, kind):
+        raise DepsTypeError(f"{task_name}: the queue's deps is {type(deps).__name__}, not "
+                            f"{kind.__qualname__}; pass Queue(..., deps={kind.__qualname__}(...))")
+    return deps
+
+
+def task_deps(kind: type[T]) -> T:
+    """Inside a ``@task`` function: the ``deps`` of the queue running it, checked to be a
+    ``kind`` (Q-57). (In a ``Task`` subclass use ``self.deps_as(kind)``.)
+
+    Raises:
+        DepsTypeError: outside a ``@task`` function's execution, or when the queue's deps is
+        not a ``kind``.
+    """
+    deps = _CURRENT_DEPS.get()
+    if deps is _NO_DEPS:
+        raise DepsTypeError("deferq.task_deps() is only available while a @deferq.task "
+                            "function runs; in a Task subclass use self.deps_as(...)")
+    return _checked_deps(deps, kind, "task_deps")
+
+
 def task_class_of(ref: object) -> type[Task]:
-    """The Task class behind a task class or a ``@task`` function."""
+    """The Task class behind a task class or a ``@task`` function (Q-1, Q-60)."""
     if isinstance(ref, TaskFunction):
         return ref.task_class
     if isinstance(ref, type) and issubclass(ref, Task) and ref is not Task:
         return ref
+    if isinstance(ref, ConfiguredTask):  # only defer reads options: never drop them silently
+        raise NotATaskError(f"{ref!r} carries options, which only Queue.defer and adefer read: "
+                            f"call queue.defer(...) instead of enqueue")
     raise NotATaskError(f"{ref!r} is not a deferq task: subclass deferq.Task or decorate a function "
                     f"with @deferq.task")

@@ -8,7 +8,7 @@ Rules:
 - Listing is newest first by ``seq`` (an index scan), filtered by exact task class,
   exception class and a ``failed_at`` range on their own indexes (P-32).
 - PostgreSQL text cannot hold NUL: a NUL in a dead task's text is stored as the four
-  characters ``\\x00`` (P-13), the way the file store escapes lone surrogates (F-12).
+  characters ``\\x00`` (P-13), the way the file store escapes lone surrogates (F-17).
 """
 
 from __future__ import annotations
