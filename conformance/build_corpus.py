@@ -377,6 +377,20 @@ def dead_recovery_cases() -> list[CaseDef]:
         "backtrace-string": compact_json(payload_with("backtrace-string", backtrace="a")),
         "invalid-utf8": compact_json(payload_with("invalid-utf8")).replace(
             b"card declined", b"card \xff declined"),
+        # F-31 to F-33: the bytes, the JSON dialect, the strings.
+        "bom": b"\xef\xbb\xbf" + compact_json(payload_with("bom")),
+        "attempts-minus-zero": compact_json(payload_with("attempts-minus-zero")).replace(
+            b'"attempts":21', b'"attempts":-0'),
+        "encoded-surrogate": compact_json(payload_with("encoded-surrogate")).replace(
+            b"card declined", b"card \xed\xa0\x80 declined"),
+        "lone-high-surrogate": compact_json(payload_with("lone-high-surrogate")).replace(
+            b"card declined", b"card \\ud83d declined"),
+        "lone-low-surrogate-frame": compact_json(payload_with("lone-low-surrogate-frame")).replace(
+            b"in perform", b"in \\ude00perform"),
+        "reversed-surrogate-pair": compact_json(payload_with("reversed-surrogate-pair")).replace(
+            b"card declined", b"card \\ude00\\ud83d declined"),
+        "raw-control-character": compact_json(payload_with("raw-control-character")).replace(
+            b"card declined", b"card\tdeclined"),
     }
     bad["reordered-keys"] = compact_json(dict(reversed(payload_with("reordered-keys").items())))
     reordered = json.loads(bad["reordered-keys"])
@@ -442,6 +456,13 @@ def field_cases() -> list[CaseDef]:
         ("escaped", compact_json(payload_with("escaped")).replace(
             b'{"id":"escaped"', b'{"\\u0069d":"\\u0065scaped"').replace(b"/", b"\\/")),
         ("whitespace-around", b" \t" + compact_json(payload_with("whitespace-around")) + b"\t "),
+        # F-33: an escaped pair is one character; F-30's writer output is plain backslash text.
+        ("surrogate-pair", compact_json(payload_with("surrogate-pair")).replace(
+            b"card declined", b"card \\ud83d\\ude00 \\u00E9 declined")),
+        ("escaped-lone-surrogate", compact_json(payload_with(
+            "escaped-lone-surrogate", exception_message="card \\ud800 declined"))),
+        ("carriage-return-whitespace", compact_json(payload_with(
+            "carriage-return-whitespace")).replace(b'{"id"', b'{\r"id"')),
     ]
     return [
         CaseDef("fields-edge-values", one_wal(wal_data, dead_data)),

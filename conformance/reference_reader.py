@@ -211,11 +211,19 @@ def _refuse(text: str) -> object:
     raise _NotJson(text)
 
 
+def _natural(text: str) -> int:
+    """F-32: an integer has no sign, so ``-0`` is refused too."""
+    if text.startswith("-"):
+        raise _NotJson(text)
+    return int(text)
+
+
 def decode_dead(task_id: str, payload: bytes) -> dict[str, object] | None:
-    """F-11 and F-12's limits: the JSON object, or None (R-@G)."""
-    try:
+    """F-11, F-31 to F-33 and F-12's limits: the JSON object, or None (R-@G)."""
+    try:  # json.loads refuses a BOM in a str (F-31); strict UTF-8 refuses encoded surrogates
         obj: object = json.loads(payload.decode("utf-8"), object_pairs_hook=_pairs,
-                                 parse_float=_refuse, parse_constant=_refuse)
+                                 parse_float=_refuse, parse_constant=_refuse,
+                                 parse_int=_natural)
     except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or tuple(obj) != DEAD_KEYS:
@@ -232,8 +240,9 @@ def decode_dead(task_id: str, payload: bytes) -> dict[str, object] | None:
     line_id, task_class, exception_class, message, context_text = (str(v) for v in texts)
     if line_id != task_id:
         return None
-    try:
+    try:  # F-33: no text field may hold a surrogate (a lone \\uD800 escape)
         class_bytes = len(task_class.encode("utf-8"))
+        "".join((exception_class, message, *(str(f) for f in frames))).encode("utf-8")
     except UnicodeEncodeError:
         return None
     context = canonical_b64(context_text.encode("utf-8"))
