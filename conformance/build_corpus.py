@@ -508,7 +508,9 @@ def big_cases() -> list[CaseDef]:
     ]
     overlong = b"=" * (LINE_BYTES_MAX + 1) + b"\n"  # one byte past the limit (R-@E)
     at_limit_garbage = b"=" * LINE_BYTES_MAX + b"\n"  # exactly the limit: judged (R-@B)
-    overlong_nul = b"\0" * 10 + b"=" * LINE_BYTES_MAX + add("hidden")  # R-@E before R-@K
+    # R-@K before R-@E: a hole is cut off first, then the rest is over-long all the same.
+    overlong_nul = b"\0" * 10 + b"=" * LINE_BYTES_MAX + add("hidden")
+    hole = b"\0" * (LINE_BYTES_MAX + 100)  # a zero-filled hole longer than a line may be
     units = (b"q83v", b"\\u20ac", b"x", b"E", b"m", b"=", b"\0")
     return [
         CaseDef("big-context-at-limit", one_wal(
@@ -518,7 +520,13 @@ def big_cases() -> list[CaseDef]:
                 dead_damage={"R-@G": len(over) - 1}, generated_units=units),
         CaseDef("big-wal-r-e-overlong-line", one_wal(
             add("a") + overlong + add("b") + at_limit_garbage + overlong_nul + add("c")),
-            wal_damage={"R-@E": 2, "R-@B": 1}, generated_units=units),
+            wal_damage={"R-@E": 2, "R-@B": 1, "R-@K": 1}, generated_units=units),
+        # The record after a hole of more than 8 MiB is kept (R-@K before R-@E; D-5, D-7).
+        CaseDef("big-wal-r-k-hole-over-the-line-limit", one_wal(add("a") + hole + add("kept")),
+                wal_damage={"R-@K": 1}, generated_units=units),
+        CaseDef("big-dead-r-k-hole-over-the-line-limit", store(
+            {}, dline("a") + hole + dline("kept")), dead_damage={"R-@K": 1},
+            generated_units=units),
         # An over-long torn tail is a torn tail (step 1 before step 2).
         CaseDef("big-dead-r-e-overlong-line-and-torn-tail", store(
             {}, dline("a") + overlong + dline("b") + b"=" * (LINE_BYTES_MAX + 5)),

@@ -122,20 +122,20 @@ def parse_dead_body(body: bytes) -> tuple[str, bytes] | None:
 
 
 def split_lines(data: bytes, damage: dict[str, int]) -> list[bytes]:
-    """Recovery steps 1 to 2a: complete lines (LF removed), the torn tail counted as R-@F."""
+    """Recovery steps 1 to 3: complete lines (LF removed), the torn tail counted as R-@F."""
     last = data.rfind(b"\n")
     if last + 1 < len(data):
         count(damage, "R-@F")
     out: list[bytes] = []
     for line in data[:last + 1].split(b"\n")[:-1]:
+        if b"\0" in line:  # step 2, R-@K, before step 3, R-@E
+            count(damage, "R-@K")
+            line = line[line.rfind(b"\0") + 1:]
+            if not line:  # "the bytes after it, if any": none left, nothing more to judge.
+                continue
         if len(line) > LINE_BYTES_MAX:
             count(damage, "R-@E")
             continue
-        if b"\0" in line:
-            count(damage, "R-@K")
-            line = line[line.rfind(b"\0") + 1:]
-            if not line:  # Guess: "the bytes after it, if any": none left, nothing more to judge.
-                continue
         out.append(line)
     return out
 
