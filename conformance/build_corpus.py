@@ -377,6 +377,20 @@ def dead_recovery_cases() -> list[CaseDef]:
         "backtrace-string": compact_json(payload_with("backtrace-string", backtrace="a")),
         "invalid-utf8": compact_json(payload_with("invalid-utf8")).replace(
             b"card declined", b"card \xff declined"),
+        # F-31 to F-33: the bytes, the JSON dialect, the strings.
+        "bom": b"\xef\xbb\xbf" + compact_json(payload_with("bom")),
+        "attempts-minus-zero": compact_json(payload_with("attempts-minus-zero")).replace(
+            b'"attempts":21', b'"attempts":-0'),
+        "encoded-surrogate": compact_json(payload_with("encoded-surrogate")).replace(
+            b"card declined", b"card \xed\xa0\x80 declined"),
+        "lone-high-surrogate": compact_json(payload_with("lone-high-surrogate")).replace(
+            b"card declined", b"card \\ud83d declined"),
+        "lone-low-surrogate-frame": compact_json(payload_with("lone-low-surrogate-frame")).replace(
+            b"in perform", b"in \\ude00perform"),
+        "reversed-surrogate-pair": compact_json(payload_with("reversed-surrogate-pair")).replace(
+            b"card declined", b"card \\ude00\\ud83d declined"),
+        "raw-control-character": compact_json(payload_with("raw-control-character")).replace(
+            b"card declined", b"card\tdeclined"),
     }
     bad["reordered-keys"] = compact_json(dict(reversed(payload_with("reordered-keys").items())))
     reordered = json.loads(bad["reordered-keys"])
@@ -442,6 +456,13 @@ def field_cases() -> list[CaseDef]:
         ("escaped", compact_json(payload_with("escaped")).replace(
             b'{"id":"escaped"', b'{"\\u0069d":"\\u0065scaped"').replace(b"/", b"\\/")),
         ("whitespace-around", b" \t" + compact_json(payload_with("whitespace-around")) + b"\t "),
+        # F-33: an escaped pair is one character; F-30's writer output is plain backslash text.
+        ("surrogate-pair", compact_json(payload_with("surrogate-pair")).replace(
+            b"card declined", b"card \\ud83d\\ude00 \\u00E9 declined")),
+        ("escaped-lone-surrogate", compact_json(payload_with(
+            "escaped-lone-surrogate", exception_message="card \\ud800 declined"))),
+        ("carriage-return-whitespace", compact_json(payload_with(
+            "carriage-return-whitespace")).replace(b'{"id"', b'{\r"id"')),
     ]
     queue_context = (b'{"v":1,"task":"billing.Charge","args":[42],"kwargs":{},"attempts":3,'
                      b'"enqueued_at":%d,"meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736'
@@ -510,7 +531,9 @@ def big_cases() -> list[CaseDef]:
     ]
     overlong = b"=" * (LINE_BYTES_MAX + 1) + b"\n"  # one byte past the limit (R-@E)
     at_limit_garbage = b"=" * LINE_BYTES_MAX + b"\n"  # exactly the limit: judged (R-@B)
-    overlong_nul = b"\0" * 10 + b"=" * LINE_BYTES_MAX + add("hidden")  # R-@E before R-@K
+    # R-@K before R-@E: a hole is cut off first, then the rest is over-long all the same.
+    overlong_nul = b"\0" * 10 + b"=" * LINE_BYTES_MAX + add("hidden")
+    hole = b"\0" * (LINE_BYTES_MAX + 100)  # a zero-filled hole longer than a line may be
     units = (b"q83v", b"\\u20ac", b"x", b"E", b"m", b"=", b"\0")
     return [
         CaseDef("big-context-at-limit", one_wal(
@@ -520,7 +543,13 @@ def big_cases() -> list[CaseDef]:
                 dead_damage={"R-@G": len(over) - 1}, generated_units=units),
         CaseDef("big-wal-r-e-overlong-line", one_wal(
             add("a") + overlong + add("b") + at_limit_garbage + overlong_nul + add("c")),
-            wal_damage={"R-@E": 2, "R-@B": 1}, generated_units=units),
+            wal_damage={"R-@E": 2, "R-@B": 1, "R-@K": 1}, generated_units=units),
+        # The record after a hole of more than 8 MiB is kept (R-@K before R-@E; D-5, D-7).
+        CaseDef("big-wal-r-k-hole-over-the-line-limit", one_wal(add("a") + hole + add("kept")),
+                wal_damage={"R-@K": 1}, generated_units=units),
+        CaseDef("big-dead-r-k-hole-over-the-line-limit", store(
+            {}, dline("a") + hole + dline("kept")), dead_damage={"R-@K": 1},
+            generated_units=units),
         # An over-long torn tail is a torn tail (step 1 before step 2).
         CaseDef("big-dead-r-e-overlong-line-and-torn-tail", store(
             {}, dline("a") + overlong + dline("b") + b"=" * (LINE_BYTES_MAX + 5)),

@@ -125,20 +125,20 @@ def parse_dead_body(body: bytes) -> tuple[str, bytes] | None:
 
 
 def split_lines(data: bytes, damage: dict[str, int]) -> list[bytes]:
-    """Recovery steps 1 to 2a: complete lines (LF removed), the torn tail counted as R-@F."""
+    """Recovery steps 1 to 3: complete lines (LF removed), the torn tail counted as R-@F."""
     last = data.rfind(b"\n")
     if last + 1 < len(data):
         count(damage, "R-@F")
     out: list[bytes] = []
     for line in data[:last + 1].split(b"\n")[:-1]:
+        if b"\0" in line:  # step 2, R-@K, before step 3, R-@E
+            count(damage, "R-@K")
+            line = line[line.rfind(b"\0") + 1:]
+            if not line:  # "the bytes after it, if any": none left, nothing more to judge.
+                continue
         if len(line) > LINE_BYTES_MAX:
             count(damage, "R-@E")
             continue
-        if b"\0" in line:
-            count(damage, "R-@K")
-            line = line[line.rfind(b"\0") + 1:]
-            if not line:  # Guess: "the bytes after it, if any": none left, nothing more to judge.
-                continue
         out.append(line)
     return out
 
@@ -214,11 +214,19 @@ def _refuse(text: str) -> object:
     raise _NotJson(text)
 
 
+def _natural(text: str) -> int:
+    """F-32: an integer has no sign, so ``-0`` is refused too."""
+    if text.startswith("-"):
+        raise _NotJson(text)
+    return int(text)
+
+
 def decode_dead(task_id: str, payload: bytes) -> dict[str, object] | None:
-    """F-11 and F-17's limits: the JSON object, or None (R-@G)."""
-    try:
+    """F-11, F-31 to F-33 and F-17's limits: the JSON object, or None (R-@G)."""
+    try:  # json.loads refuses a BOM in a str (F-31); strict UTF-8 refuses encoded surrogates
         obj: object = json.loads(payload.decode("utf-8"), object_pairs_hook=_pairs,
-                                 parse_float=_refuse, parse_constant=_refuse)
+                                 parse_float=_refuse, parse_constant=_refuse,
+                                 parse_int=_natural)
     except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or tuple(obj) != DEAD_KEYS:
@@ -235,8 +243,9 @@ def decode_dead(task_id: str, payload: bytes) -> dict[str, object] | None:
     line_id, task_class, exception_class, message, context_text = (str(v) for v in texts)
     if line_id != task_id:
         return None
-    try:
+    try:  # F-33: no text field may hold a surrogate (a lone \\uD800 escape)
         class_bytes = len(task_class.encode("utf-8"))
+        "".join((exception_class, message, *(str(f) for f in frames))).encode("utf-8")
     except UnicodeEncodeError:
         return None
     context = canonical_b64(context_text.encode("utf-8"))

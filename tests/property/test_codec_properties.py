@@ -210,7 +210,8 @@ def test_text_with_lone_surrogates_is_refused_by_the_codec_limits() -> None:
 
 
 def _reference_decode_payload(line: DeadLine) -> DeadTask | BadLine:
-    """The payload decoder as first written: ``json.loads`` on the bytes, a hook per call."""
+    """The payload decoder as first written (``json.loads``, a hook per call), refusing a BOM
+    (F-31: ``json.loads`` of a ``str`` does) and signed integers (F-32)."""
     import json
 
     from deferq._core import frame as _frame
@@ -221,8 +222,14 @@ def _reference_decode_payload(line: DeadLine) -> DeadTask | BadLine:
             raise ValueError("duplicate key")
         return obj
 
+    def natural(text: str) -> int:
+        if text.startswith("-"):
+            raise ValueError("signed")
+        return int(text)
+
     try:
-        obj: object = json.loads(line.payload, object_pairs_hook=unique)
+        obj: object = json.loads(line.payload.decode("utf-8", "surrogatepass"),
+                                 object_pairs_hook=unique, parse_int=natural)
     except (ValueError, RecursionError):
         return BadLine(_frame.LineFault.BAD_DEAD_PAYLOAD)
     # From here both decoders share the field checks: feed the parsed object back as
@@ -232,11 +239,11 @@ def _reference_decode_payload(line: DeadLine) -> DeadTask | BadLine:
 
 _PAYLOAD_PIECES = st.sampled_from([
     b"\xef\xbb\xbf", b"{", b"}", b'"id"', b":", b",", b'"a"', b"1", b"[", b"]", b"\xed\xa0\x80",
-    b"\xc3\xa9", b"\\ud800", b" ", b'"context"', b"null", b"\xff",
+    b"\xc3\xa9", b"\\ud800", b" ", b'"context"', b"null", b"\xff", b"-0", b"-",
 ])
 
 
-@pytest.mark.spec("F-11", "R-@G")
+@pytest.mark.spec("F-11", "F-31", "F-32", "R-@G")
 @given(task=dead_tasks, pieces=st.lists(_PAYLOAD_PIECES, max_size=12), cut=st.integers(0, 40),
        prefix_bom=st.booleans())
 def test_payload_decoder_accepts_and_refuses_exactly_what_json_loads_of_the_bytes_does(

@@ -30,7 +30,7 @@ from deferq._engine.deadindex import DeadIndex, NeedleScan, dead_line, fast_dead
 from deferq._engine.env import FileStat, OpenFlag
 from deferq._core.deadcodec import _decode_dead_exact, decode_dead_line, encode_dead
 from deferq._core.frame import BadLine, frame
-from deferq._core.recovery import BackwardLines, RawLine
+from deferq._core.recovery import BackwardLines, RawLine, capped_line
 from deferq._core.types import DeadTask
 from deferq.backends import Disk
 from deferq.crashtest import SimDisk, SimEnv
@@ -277,7 +277,7 @@ pieces = st.lists(st.sampled_from([b"\n", b"ab", b"dead_task:a:", b"dead_task:ab
                                    b"xyzw", b"dead_task:", b":"]), max_size=30).map(b"".join)
 
 
-@pytest.mark.spec("S-13", "S-7")
+@pytest.mark.spec("S-13", "S-7", "R-@K")
 @given(pieces, st.sampled_from([b"dead_task:a:", b"dead_task:ab:", b"a:"]),
        st.integers(1, 40), st.integers(1, 50))
 def test_the_needle_scan_yields_exactly_the_lines_that_hold_the_needle(
@@ -293,8 +293,18 @@ def test_the_needle_scan_yields_exactly_the_lines_that_hold_the_needle(
         patch.setattr(_deadindex, "LINE_BYTES_MAX", line_max)
         scan = NeedleScan(env, fd, len(data), needle)
         got = list(scan.lines())
-    want = [raw for raw in backward_lines(data, line_max)
-            if raw.data is not None and needle in raw.data]
+    # Each line as its bytes (find counts a damaged one when it holds the id), except that a
+    # complete line over the limit is cut at its last NUL first (R-@K before R-@E).
+    want = []
+    offset = 0
+    for piece in data.split(b"\n"):
+        torn = offset + len(piece) == len(data)
+        raw = (RawLine(offset, piece if len(piece) <= line_max else None, False) if torn
+               else capped_line(offset, piece, line_max))
+        if piece and raw.data is not None and needle in raw.data:
+            want.append(raw)
+        offset += len(piece) + 1
+    want.reverse()
     assert got == want
     if needle not in data:
         assert scan.bytes_read == len(data)
@@ -329,11 +339,14 @@ def test_the_index_built_in_any_steps_and_chunks_records_every_line_as_the_split
         if not raw.complete:
             continue
         framed, body, faults = dead_line(raw)
-        length = len(raw.data) if raw.data is not None else None
+        # The splitter hands a line over the limit on cut at its last NUL (R-@K before
+        # R-@E); the index places its damage at that NUL, where a reader's bytes start.
+        end = data.index(b"\n", raw.offset)
+        seen = raw.offset if raw.data is None or end - raw.offset <= line_max else end - len(raw.data)
         if faults:
-            damage.append((raw.offset, faults))
-        if framed is not None and body is not None and length is not None:
-            records.append((framed.task_id, raw.offset + length - len(body), len(body)))
+            damage.append((seen, faults))
+        if framed is not None and body is not None:
+            records.append((framed.task_id, end - len(body), len(body)))
     assert list(zip(index.ids, index.offs, index.lens)) == records
     assert [(d.start, d.faults) for d in index.damage] == damage
     complete_end = data.rfind(b"\n") + 1

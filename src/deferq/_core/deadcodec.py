@@ -169,13 +169,21 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return obj
 
 
+def _natural(text: str) -> int:
+    """A JSON integer as F-32 allows it: no sign (``-0`` included), so never negative."""
+    if text[:1] == "-":
+        raise ValueError("a signed integer in a dead-task record")
+    return int(text)
+
+
 # One decoder for every dead-task payload: json.loads with a hook builds a new decoder per call.
-_DEAD_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+_DEAD_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_int=_natural)
 # The JSON scanner behind a decoder whose objects become tuples of (key, value) pairs: a
 # C builtin as the hook (no Python call per object), duplicate keys kept as they are, and
 # an object told apart from an array (a list) even when empty.
 _PAIRS_SCAN: Final = make_scanner(
-    json.JSONDecoder(object_pairs_hook=tuple))  # type: ignore[arg-type]  # the stub wants itself
+    json.JSONDecoder(object_pairs_hook=tuple,  # type: ignore[arg-type]  # the stub wants itself
+                     parse_int=_natural))
 
 
 def decode_dead_payload(line: DeadLine) -> DeadTask | BadLine:
@@ -245,10 +253,10 @@ def _decode_dead_fast(line_id: str, payload: bytes) -> DeadTask | None:
 def _decode_dead_exact(line: DeadLine) -> DeadTask | BadLine:
     """F-11 step by step: the definition ``_decode_dead_fast`` must agree with."""
     try:
-        # Exactly what json.loads does with bytes that start with "{" or a UTF-8 BOM (a line that
-        # reaches here holds no NUL, R-@K): UTF-8, BOM dropped, surrogates passed on (and then
-        # refused by dead_problem's UTF-8 check or the base64 check).
-        obj: object = _DEAD_DECODER.decode(line.payload.decode("utf-8-sig", "surrogatepass"))
+        # F-31: UTF-8 with no byte-order mark (a BOM is not JSON whitespace, so the decoder
+        # refuses it); surrogates are passed on and then refused by dead_problem's UTF-8
+        # check or the base64 check (F-33). A line that reaches here holds no NUL (R-@K).
+        obj: object = _DEAD_DECODER.decode(line.payload.decode("utf-8", "surrogatepass"))
     except (ValueError, RecursionError):  # deeply nested JSON raises RecursionError
         return BadLine(LineFault.BAD_DEAD_PAYLOAD)
     if not isinstance(obj, dict) or tuple(obj) != DEAD_FIELDS:

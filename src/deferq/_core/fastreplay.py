@@ -25,7 +25,7 @@ from typing import Final
 from deferq._core.b64 import canonical_base64
 from deferq._core.frame import BadLine, LineFault
 from deferq._core.limits import INT_FIELD_MAX, LINE_BYTES_MAX, TASK_ID_BYTES_MAX
-from deferq._core.recovery import ChunkLines, RawLine, WalReplay, line_body
+from deferq._core.recovery import ChunkLines, RawLine, WalReplay, capped_line, line_body
 from deferq._core.taskid import SEED_DIGITS_MAX, id_seed, raw_id_ok
 from deferq._core.walcodec import WalAdd, decode_wal_line
 
@@ -82,8 +82,10 @@ class FastWalReplay:
         for chunk in chunks:
             pos, end, spanning = carried.feed(chunk)
             if spanning is not None:  # a line that began in an earlier chunk
-                if spanning.data is None:
-                    self._fault(LineFault.OVERLONG)  # R-@E
+                if spanning.data is None:  # R-@E, after a hole's R-@K when it had one
+                    if spanning.holed:
+                        self._fault(LineFault.NUL_HOLE)
+                    self._fault(LineFault.OVERLONG)
                 else:
                     self._apply_lines([spanning.data], False)
             if pos < end:
@@ -258,7 +260,7 @@ class FastWalReplay:
 
     def _apply_slow(self, line: bytes) -> None:
         """A line the fast checks did not accept: exactly ``WalReplay.apply`` (R-@A..R-@K)."""
-        data, faults = line_body(RawLine(0, line if len(line) <= LINE_BYTES_MAX else None))
+        data, faults = line_body(capped_line(0, line, LINE_BYTES_MAX))
         for fault in faults:
             self._fault(fault)
         if data is None:

@@ -75,12 +75,31 @@ class RawLine:
     """A line of a file: ``data`` is None for an over-long line (R-@E).
 
     ``offset`` is where the line starts; ``complete`` is False only for the torn
-    tail (R-@F), the bytes after the file's last newline.
+    tail (R-@F), the bytes after the file's last newline. A splitter that cuts a
+    zero-filled hole off a line (R-@K, checked before R-@E) hands on one NUL in its
+    place, so ``data`` is never longer than the limit plus one byte; ``holed`` says
+    that a hole was cut off a line whose rest is still over-long (``data`` None).
     """
 
     offset: int
     data: bytes | None
     complete: bool = True
+    holed: bool = False
+
+
+def capped_line(offset: int, data: bytes, limit: int) -> RawLine:
+    """The ``RawLine`` of a whole line in hand: R-@K's cut before R-@E's length check.
+
+    post: __return__.data is None or len(__return__.data) <= limit + 1
+    """
+    if len(data) <= limit:
+        return RawLine(offset, data)
+    nul = data.rfind(b"\0")
+    if nul < 0:
+        return RawLine(offset, None)
+    if len(data) - nul - 1 > limit:
+        return RawLine(offset, None, holed=True)
+    return RawLine(offset, data[nul:])
 
 
 class ForwardLines:
@@ -102,7 +121,7 @@ class ForwardLines:
         if pos < end:
             limit = self._line_bytes_max
             for piece in chunk[pos:end - 1].split(b"\n"):
-                out.append(RawLine(base + pos, piece if len(piece) <= limit else None))
+                out.append(capped_line(base + pos, piece, limit))
                 pos += len(piece) + 1
         return out
 
@@ -120,18 +139,21 @@ class ChunkLines:
     S-10) read each chunk's own complete lines in place, as slices of the chunk,
     and only a line that spans chunks needs joining. ``feed`` does the joining
     and the carrying: it holds the bytes after a chunk's last newline (at most
-    ``line_bytes_max`` of them; an over-long line keeps only its length, R-@E)
+    ``line_bytes_max`` of them after the last NUL, R-@K before R-@E; an over-long
+    line keeps only its length)
     and hands back the line they complete, so each reader keeps only its loop
     over ``chunk[pos:end]``. ``tests/property/test_splitters.py`` checks it
     (and ``ForwardLines``, built on it) against ``bytes.split`` under any chunking.
     """
 
-    __slots__ = ("_parts", "_held_bytes", "_overlong", "_line_bytes_max", "line_start", "offset")
+    __slots__ = ("_parts", "_held_bytes", "_overlong", "_holed", "_line_bytes_max", "line_start",
+                 "offset")
 
     def __init__(self, start_offset: int = 0, line_bytes_max: int = LINE_BYTES_MAX) -> None:
         self._parts: list[bytes] = []
         self._held_bytes = 0
         self._overlong = False
+        self._holed = False  # a NUL was met: _parts starts with one NUL standing for the hole
         self._line_bytes_max = line_bytes_max
         self.line_start = start_offset  # where the line being held (or the next one) starts
         self.offset = start_offset  # where the next chunk starts
@@ -152,14 +174,14 @@ class ChunkLines:
             return 0, 0, None
         spanning = None
         pos = 0
-        if self._held_bytes or self._overlong:
-            length = self._held_bytes + first
-            data = (None if self._overlong or length > self._line_bytes_max
-                    else b"".join(self._parts) + chunk[:first])
-            spanning = RawLine(self.line_start, data)
+        if self._held_bytes or self._overlong or self._holed:
+            self._hold(chunk[:first])
+            data = self.held()
+            spanning = RawLine(self.line_start, data, holed=self._holed and data is None)
             self._parts = []
             self._held_bytes = 0
             self._overlong = False
+            self._holed = False
             pos = first + 1
         end = chunk.rfind(b"\n") + 1
         self.line_start = base + end
@@ -168,6 +190,13 @@ class ChunkLines:
         return pos, end, spanning
 
     def _hold(self, piece: bytes) -> None:
+        nul = piece.rfind(b"\0")
+        if nul >= 0:  # R-@K before R-@E: only the bytes after the last NUL count
+            self._holed = True
+            self._overlong = False
+            self._parts = [b"\0"]
+            self._held_bytes = 0
+            piece = piece[nul + 1:]
         self._held_bytes += len(piece)
         if self._overlong or self._held_bytes > self._line_bytes_max:
             self._overlong = True
@@ -182,7 +211,7 @@ class ChunkLines:
     @property
     def torn(self) -> bool:
         """Bytes after the last newline fed so far: the torn tail, if the file ends here (R-@F)."""
-        return self._held_bytes > 0
+        return self._held_bytes > 0 or self._holed
 
 
 class BackwardLines:
@@ -194,6 +223,7 @@ class BackwardLines:
         self._end = end_offset  # offset just past the partial line's last byte (its newline excluded)
         self._pos = end_offset  # offset of the first byte fed so far
         self._overlong = False
+        self._holed = False  # a NUL was met: the pieces before it are the hole (R-@K)
         self._at_tail = True
         self._line_bytes_max = line_bytes_max
 
@@ -212,8 +242,12 @@ class BackwardLines:
         return out
 
     def _add(self, piece: bytes) -> None:
-        if not piece:
+        if not piece or self._holed:
             return
+        nul = piece.rfind(b"\0")
+        if nul >= 0:  # the last NUL of the line: R-@K before R-@E
+            self._holed = True
+            piece = piece[nul + 1:]
         self._carry_bytes += len(piece)
         if self._overlong or self._carry_bytes > self._line_bytes_max:
             self._overlong = True
@@ -225,25 +259,28 @@ class BackwardLines:
         complete = not self._at_tail
         if self._at_tail:
             self._at_tail = False
-            if self._carry_bytes == 0:
+            if self._carry_bytes == 0 and not self._holed:
                 self._reset(start - 1)
                 return
         if self._overlong:
-            yield RawLine(start, None, complete)
+            yield RawLine(start, None, complete, self._holed)
         else:
-            yield RawLine(start, b"".join(reversed(self._carry)), complete)
+            hole = b"\0" if self._holed else b""
+            yield RawLine(start, hole + b"".join(reversed(self._carry)), complete)
         self._reset(start - 1)
 
     def _reset(self, end: int) -> None:
         self._carry.clear()
         self._carry_bytes = 0
         self._overlong = False
+        self._holed = False
         self._end = end
 
     def finish(self) -> list[RawLine]:
         """The first line of the file (or the torn tail of a file with no newline)."""
         assert self._pos == 0, "feed the whole file before finish()"
-        return list(self._emit(0)) if (self._carry_bytes or not self._at_tail) else []
+        return (list(self._emit(0)) if (self._carry_bytes or self._holed or not self._at_tail)
+                else [])
 
 
 def strip_nul_damage(data: bytes) -> tuple[bytes, bool]:
@@ -269,7 +306,10 @@ def line_body(raw: RawLine) -> tuple[bytes | None, tuple[LineFault, ...]]:
     hole (R-@K) is cut off and what follows it, if anything, is decoded.
     """
     if raw.data is None:
-        return None, (LineFault.OVERLONG if raw.complete else LineFault.TORN_TAIL,)
+        if not raw.complete:
+            return None, (LineFault.TORN_TAIL,)
+        return None, ((LineFault.NUL_HOLE, LineFault.OVERLONG) if raw.holed
+                      else (LineFault.OVERLONG,))
     if not raw.complete:
         return None, (LineFault.TORN_TAIL,)
     data, holed = strip_nul_damage(raw.data)

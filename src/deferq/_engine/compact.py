@@ -42,7 +42,7 @@ from deferq._core.limits import (
     TASK_ID_BYTES_MAX,
     WRITE_BATCH_BYTES,
 )
-from deferq._core.recovery import ChunkLines, RawLine
+from deferq._core.recovery import ChunkLines, RawLine, capped_line
 from deferq._engine.deadindex import DEAD_BODY_PREFIX, ID_START, dead_line
 from deferq._engine.env import Env, OpenFlag
 from deferq._engine.io import chunks_forward, write_all
@@ -201,10 +201,7 @@ def copy_survivors(env: Env, fd: int, tmp_fd: int, task_ids: set[str]) -> tuple[
     for chunk in chunks_forward(env, fd, env.fstat(fd).size):
         pos, end, spanning = lines.feed(chunk)
         if spanning is not None:  # a line that began in an earlier chunk: the slow path
-            if spanning.data is None:
-                dropped += 1  # R-@E
-            else:
-                dropped += _copy_line(out, spanning.data, task_ids, found)
+            dropped += _copy_line(out, spanning, task_ids, found)
         clean = b"\0" not in chunk
         run = pos  # where the current run of surviving lines started
         view = memoryview(chunk)
@@ -230,10 +227,9 @@ def copy_survivors(env: Env, fd: int, tmp_fd: int, task_ids: set[str]) -> tuple[
                 out.add(chunk[run:pos])
                 if raw_id is not None:
                     found.add(wanted[raw_id])
-                elif not short:
-                    dropped += 1  # R-@E
-                else:
-                    dropped += _copy_line(out, chunk[pos:newline], task_ids, found)
+                else:  # R-@K is cut before R-@E is checked
+                    dropped += _copy_line(out, capped_line(0, chunk[pos:newline], LINE_BYTES_MAX),
+                                          task_ids, found)
                 run = newline + 1
             pos = newline + 1
         out.add(chunk[run:end])
@@ -265,9 +261,9 @@ class _Batches:
             self._parts, self._bytes = [], 0
 
 
-def _copy_line(out: _Batches, line: bytes, task_ids: set[str], found: set[str]) -> int:
+def _copy_line(out: _Batches, line: RawLine, task_ids: set[str], found: set[str]) -> int:
     """The slow path of one complete line: keep it, drop it, or keep its R-@K rest."""
-    framed, data, faults = dead_line(RawLine(0, line))
+    framed, data, faults = dead_line(line)
     if framed is not None and data is not None:
         if framed.task_id in task_ids:
             found.add(framed.task_id)

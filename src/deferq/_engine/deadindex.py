@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from deferq._core.deadcodec import DeadLine, decode_dead_line
 from deferq._core.frame import CRC_HEX_BYTES, HEADER_BYTES, BadLine
 from deferq._core.limits import LINE_BYTES_MAX, READ_CHUNK_BYTES, TASK_ID_BYTES_MAX
-from deferq._core.recovery import ChunkLines, RawLine, line_body
+from deferq._core.recovery import ChunkLines, RawLine, capped_line, line_body
 from deferq._engine.env import Env, FileStat
 
 
@@ -154,7 +154,7 @@ class DeadIndex:
             pos, end, spanning = lines.feed(chunk)
             if spanning is not None:  # a line that began in an earlier chunk
                 last_start = spanning.offset
-                self._add_line(last_start, spanning.data, base + pos - 1 - last_start)
+                self._add_line(spanning, base + pos - 1 - last_start)
             clean = b"\0" not in chunk
             while pos < end:
                 newline = chunk.find(b"\n", pos)
@@ -162,10 +162,11 @@ class DeadIndex:
                 raw_id = clean_id(chunk, pos, newline) if clean and short else None
                 if raw_id is not None:
                     self._add_record(raw_id.decode("ascii"), base + pos, newline - pos)
-                elif not short:
-                    self._add_line(base + pos, None, newline - pos)
+                elif not short:  # R-@K is cut before R-@E is checked
+                    self._add_line(capped_line(base + pos, chunk[pos:newline], LINE_BYTES_MAX),
+                                   newline - pos)
                 else:
-                    self._add_line(base + pos, chunk[pos:newline], newline - pos)
+                    self._add_line(RawLine(base + pos, chunk[pos:newline]), newline - pos)
                 last_start = base + pos
                 pos = newline + 1
         if last_start >= 0:
@@ -176,9 +177,10 @@ class DeadIndex:
                 raise OSError("short read of the indexed end: file changed while locked")
             self.check_crc = zlib.crc32(window)
 
-    def _add_line(self, start: int, data: bytes | None, length: int) -> None:
+    def _add_line(self, raw: RawLine, length: int) -> None:
+        start, data = raw.offset, raw.data
         if data is None:
-            self._add_damage(Damage(start, start, length, 1, False))
+            self._add_damage(Damage(start, start, length, 2 if raw.holed else 1, False))
             return
         if b"\0" not in data:  # line_body() returns it unchanged
             framed = decode_dead_line(data)
@@ -189,7 +191,11 @@ class DeadIndex:
             return
         found, body, faults = dead_line(RawLine(start, data))
         record_start = start if body is None else start + length - len(body)
-        self._add_damage(Damage(record_start if found else start, start, length, faults, True))
+        # A line longer than the limit was cut at its last NUL by the splitter (R-@K before
+        # R-@E): readers see only the bytes from that NUL on, ``data``.
+        seen, size = (start, length) if length <= LINE_BYTES_MAX else (
+            start + length - len(data), len(data))
+        self._add_damage(Damage(record_start if found else seen, seen, size, faults, True))
         if found is not None and body is not None:
             self._add_record(found.task_id, record_start, len(body))
 
@@ -293,7 +299,8 @@ class NeedleScan:
 
     Reads the file backwards in ``READ_CHUNK_BYTES`` chunks, each byte once when
     nothing matches; ``bytes_read`` counts what it read. Over-long lines (R-@E)
-    are skipped, as the line-by-line scan has no bytes for them.
+    are skipped, as the line-by-line scan has no bytes for them; a line over the
+    limit whose rest after its last NUL is within it (R-@K before R-@E) is that rest.
     """
 
     def __init__(self, env: Env, fd: int, size: int, needle: bytes) -> None:
@@ -336,6 +343,11 @@ class NeedleScan:
                     else:
                         data = self._pread(end - start, start)
                     yield RawLine(start, data, end < self._size)
+                elif end < self._size:
+                    rest = capped_line(start, self._pread(LINE_BYTES_MAX + 1,
+                                                          end - LINE_BYTES_MAX - 1), LINE_BYTES_MAX)
+                    if rest.data is not None and self._needle in rest.data:
+                        yield RawLine(start, rest.data)
                 if start < lo:
                     restart = start
                     break
