@@ -30,6 +30,8 @@ LINE_BYTES_MAX: Final = 8 * 1024 * 1024
 READ_CHUNK_BYTES: Final = 64 * 1024
 TAIL_SCAN_CHUNK_BYTES: Final = 8192
 WRITE_BATCH_BYTES: Final = 256 * 1024
+# W-35: orphan WAL files a worker holds open at once while it adopts them (plus its own copy).
+ADOPT_FILES_MAX: Final = 64
 
 # --- WAL rotation (W-9).
 WAL_SIZE_LIMIT_BYTES: Final = 2_000_000
