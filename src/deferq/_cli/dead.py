@@ -34,7 +34,7 @@ from deferq._cli.store import CommandError, require_store, storage_of
 from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask
 from deferq._engine.deadstore import DeadTaskStore
-from deferq._engine.osenv import OS_ENV
+from deferq._engine.osenv import DirEnv
 from deferq._runtime.operator import Operator, Retried
 from deferq.backends import Disk
 
@@ -46,7 +46,14 @@ class DeadStoreView:
     """The dead-task half of a backend, without opening a WAL."""
 
     def __init__(self, path: str, prefix: str) -> None:
-        self._store = DeadTaskStore(OS_ENV, path, prefix)
+        # F-25, F-27, F-28: the directory held open and checked, and, as root, every file
+        # the store creates given to the directory's owner, so workers can open it after.
+        self._env = DirEnv(path)
+        try:
+            self._store = DeadTaskStore(self._env, path, prefix)
+        except BaseException:
+            self._env.close_directory()
+            raise
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
         return self._store.list_tasks(limit, offset)
@@ -61,7 +68,10 @@ class DeadStoreView:
         return self._store.remove({check_task_id(i, argument="id") for i in wanted})
 
     def close(self) -> None:
-        self._store.close()
+        try:
+            self._store.close()
+        finally:
+            self._env.close_directory()
 
 
 def _view(args: argparse.Namespace) -> tuple[str, str, DeadStoreView]:

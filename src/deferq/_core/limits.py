@@ -63,9 +63,10 @@ PREFIX_BYTES_MAX: Final = FILE_NAME_BYTES_MAX - len(WAL_STORAGE_VERSION) - len("
 # Backpressure waits at most this long (Q-29): a larger timeout would overflow the wait loop.
 BACKPRESSURE_TIMEOUT_MAX_S: Final = 3600.0
 
-# --- File modes (F-13).
+# --- File modes (F-26).
 FILE_MODE: Final = 0o600
 DIR_MODE: Final = 0o700
+PARENT_DIR_MODE: Final = 0o755  # F-26: parents deferq creates, never writable by others
 
 
 def lock_sleep_s(attempt: int) -> float:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Final
 
 from deferq._core.errors import UnsafeEntryError
-from deferq._core.limits import WAL_RESERVE_BYTES
+from deferq._core.limits import PARENT_DIR_MODE, WAL_RESERVE_BYTES
 from deferq._engine.env import Cancel, FileStat, MappedWindow, OpenFlag
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -148,6 +148,25 @@ class OsEnv:
             raise UnsafeEntryError(errno.EINVAL, f"{path} is {kind}, not a regular file")
         return fd
 
+    def makedirs(self, path: str, mode: int = 0o700) -> None:
+        """Implements F-26: create ``path`` with ``mode`` and each missing parent with 0755.
+
+        Unlike ``os.makedirs`` (whose parents get 0777 before the umask), no directory made
+        here is writable by group or others under any umask, umask 0 included.
+        """
+        head, tail = os.path.split(path)
+        if not tail:
+            head, tail = os.path.split(head)
+        if head and tail and not os.path.lexists(head):
+            self.makedirs(head, PARENT_DIR_MODE)
+        if tail in ("", ".", ".."):
+            return
+        try:
+            os.mkdir(path, mode)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise
+
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         return os.pread(fd, size, offset)
 
@@ -205,9 +224,6 @@ class OsEnv:
 
     def unlink(self, path: str) -> None:
         os.unlink(path)
-
-    def makedirs(self, path: str, mode: int = 0o700) -> None:
-        os.makedirs(path, mode=mode, exist_ok=True)
 
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
@@ -272,6 +288,42 @@ class DirEnv(OsEnv):
                                        "link; deferq never follows one: pass the directory it "
                                        "points to") from None
             raise
+        try:
+            st = os.fstat(self._dir_fd)
+            self._check_directory(st)
+        except BaseException:
+            self.close_directory()
+            raise
+        self._owner = (st.st_uid, st.st_gid)
+        # F-28: as root in another user's directory, every file created goes to that user.
+        self._give_away = os.geteuid() == 0 and st.st_uid != 0
+
+    def _check_directory(self, st: os.stat_result) -> None:
+        """Implements F-27 for the directory: not writable by others, and the caller's own."""
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o022:
+            raise UnsafeEntryError(errno.EPERM, f"storage directory {self.directory} has mode "
+                                   f"{mode:04o}: anyone in its group or every user could plant or "
+                                   f"replace its files; run chmod go-w {self.directory}")
+        euid = os.geteuid()
+        if euid != 0 and st.st_uid != euid:
+            raise UnsafeEntryError(errno.EPERM, f"storage directory {self.directory} belongs to "
+                                   f"uid {st.st_uid}, not to this process's user (uid {euid}): "
+                                   "run as its owner")
+
+    def _check_file(self, path: str, fd: int, flags: OpenFlag) -> None:
+        """Implements F-27 and F-28 for a file just opened in the directory."""
+        st = os.fstat(fd)
+        uid, gid = self._owner
+        if self._give_away and st.st_uid == 0 and OpenFlag.CREATE in flags:
+            os.fchown(fd, uid, gid)  # F-28: before anything is written to it
+        elif st.st_uid not in (uid, 0):
+            raise UnsafeEntryError(errno.EPERM, f"{path} belongs to uid {st.st_uid}, not to the "
+                                   f"storage directory's owner (uid {uid}); deferq never uses it")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o022:
+            raise UnsafeEntryError(errno.EPERM, f"{path} has mode {mode:04o}: writable by group or "
+                                   f"others, so deferq never uses it; run chmod go-w {path}")
 
     def dir_fd(self) -> int:
         """The storage directory's descriptor; ``ValueError`` once closed."""
@@ -298,7 +350,13 @@ class DirEnv(OsEnv):
         return True
 
     def open(self, path: str, flags: OpenFlag, mode: int = 0o600) -> int:
-        return self._open_at(path, self._name(path), flags, mode, self.dir_fd())
+        fd = self._open_at(path, self._name(path), flags, mode, self.dir_fd())
+        try:
+            self._check_file(path, fd, flags)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def rename(self, src: str, dst: str) -> None:
         fd = self.dir_fd()
