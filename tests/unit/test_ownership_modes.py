@@ -187,3 +187,50 @@ def test_root_operator_commands_leave_a_store_the_service_user_can_open(shared: 
     """, str(storage))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "1 ['d-2']"
+
+
+def _snapshot(directory: Path) -> list[tuple[str, int, int, int]]:
+    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_mode)
+                  for p in directory.iterdir())
+
+
+@root_only
+@pytest.mark.spec("Q-81", "S-17")
+def test_read_only_commands_work_on_a_store_nobody_may_write(shared: Path) -> None:
+    storage = shared / "storage"
+    storage.mkdir(mode=0o700)
+    os.chown(storage, _NOBODY, _NOBODY)
+    done = _as_nobody("""
+        import sys
+        from deferq.backends import Disk
+        with Disk(path=sys.argv[1]) as disk:
+            disk.add_task(b'{"task": "T", "args": [], "kwargs": {}, "attempts": 0}')
+            disk.add_dead_task("d-1", b"{}", ValueError("x"), task_class="T", attempts=1)
+    """, str(storage))
+    assert done.returncode == 0, done.stderr
+    for path in storage.iterdir():
+        path.chmod(0o400)
+    storage.chmod(0o500)  # a read-only snapshot: its owner may not write it either
+    before = _snapshot(storage)
+    for command in (["stats"], ["dead", "list"], ["dead", "show", "d-1"], ["verify"],
+                    ["pending", "list"]):
+        ran = _as_nobody("import sys; from deferq._cli import main; sys.exit(main(sys.argv[1:]))",
+                         *command, "--path", str(storage))
+        assert ran.returncode == 0, (command, ran.stderr)
+    assert _snapshot(storage) == before
+
+
+@pytest.mark.spec("Q-81", "S-17")
+def test_read_only_commands_create_nothing_where_no_dead_task_was_stored(tmp_path: Path) -> None:
+    from deferq._cli import main
+
+    storage = tmp_path / "storage"
+    storage.mkdir(mode=0o700)
+    (storage / wal_file_name("deferred-", "20260101", 4242, 1)).write_bytes(b"")
+    before = _snapshot(storage)
+    assert main(["stats", "--path", str(storage)]) == 0
+    assert main(["dead", "list", "--path", str(storage)]) == 0
+    assert main(["dead", "show", "x-1", "--path", str(storage)]) == 3  # not found
+    assert _snapshot(storage) == before
+    (storage / dead_data_name("deferred-")).write_bytes(b"")
+    assert main(["dead", "list", "--path", str(storage)]) == 5  # a data file without its lock

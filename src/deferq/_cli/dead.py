@@ -30,7 +30,8 @@ from deferq._cli.output import (
 )
 from deferq._cli.parser import EXIT_USAGE
 from deferq._cli.progress import Progress
-from deferq._cli.store import CommandError, require_store, storage_of
+from deferq._cli.store import EXIT_NO_STORE, CommandError, require_store, storage_of
+from deferq._core.names import dead_data_name, dead_lock_name
 from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask
 from deferq._engine.deadstore import DeadTaskStore
@@ -45,39 +46,56 @@ DEAD_HEADERS: Final = ("ID", "TASK CLASS", "ATTEMPTS", "FAILED AT", "EXCEPTION")
 class DeadStoreView:
     """The dead-task half of a backend, without opening a WAL."""
 
-    def __init__(self, path: str, prefix: str) -> None:
+    def __init__(self, path: str, prefix: str, *, read_only: bool = False) -> None:
         # F-25, F-27, F-28: the directory held open and checked, and, as root, every file
         # the store creates given to the directory's owner, so workers can open it after.
+        # Implements Q-81: a read-only view creates nothing and opens nothing for writing.
         self._env = DirEnv(path)
+        self._store: DeadTaskStore | None = None
         try:
-            self._store = DeadTaskStore(self._env, path, prefix)
+            self._store = DeadTaskStore(self._env, path, prefix, read_only=read_only)
+        except FileNotFoundError:
+            if not read_only:
+                self._env.close_directory()
+                raise
+            names = self._env.listdir(path)
+            self._env.close_directory()
+            if dead_data_name(prefix) in names:
+                raise CommandError(f"the dead-task lock file {dead_lock_name(prefix)} is missing "
+                                   f"in {path}: a read-only command cannot lock the store to read "
+                                   "it", EXIT_NO_STORE) from None
+            # No data file and no lock file: no dead task was ever stored here (S-17).
         except BaseException:
             self._env.close_directory()
             raise
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
-        return self._store.list_tasks(limit, offset)
+        return [] if self._store is None else self._store.list_tasks(limit, offset)
 
     def find_dead_task(self, task_id: str) -> DeadTask | None:
-        return self._store.find(check_task_id(task_id))
+        tid = check_task_id(task_id)
+        return None if self._store is None else self._store.find(tid)
 
     def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
         if ids is None:
             return 0
+        assert self._store is not None, "remove on a read-only view"
         wanted = [ids] if isinstance(ids, str) else list(ids)
         return self._store.remove({check_task_id(i, argument="id") for i in wanted})
 
     def close(self) -> None:
+        if self._store is None:
+            return
         try:
             self._store.close()
         finally:
             self._env.close_directory()
 
 
-def _view(args: argparse.Namespace) -> tuple[str, str, DeadStoreView]:
+def _view(args: argparse.Namespace, *, read_only: bool = False) -> tuple[str, str, DeadStoreView]:
     path, prefix = storage_of(args)
     require_store(path, prefix)
-    return path, prefix, DeadStoreView(path, prefix)
+    return path, prefix, DeadStoreView(path, prefix, read_only=read_only)
 
 
 def dead_row(task: DeadTask) -> list[str]:
@@ -96,7 +114,7 @@ def _not_found(task_id: str) -> None:
 
 
 def dead_list(args: argparse.Namespace) -> int:
-    _, _, view = _view(args)
+    _, _, view = _view(args, read_only=True)
     try:
         tasks = Operator(view).list_dead(limit=args.limit, offset=args.offset,
                                          task_class=args.task_class,
@@ -112,7 +130,7 @@ def dead_list(args: argparse.Namespace) -> int:
 
 
 def dead_show(args: argparse.Namespace) -> int:
-    _, _, view = _view(args)
+    _, _, view = _view(args, read_only=True)
     try:
         task = Operator(view).find_dead(args.id)
     finally:

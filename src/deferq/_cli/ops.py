@@ -103,7 +103,7 @@ def pending_list(args: argparse.Namespace) -> int:
 def stats(args: argparse.Namespace) -> int:
     path, prefix = _storage(args)
     scans = scan_pending(OS_ENV, path, prefix)
-    view = DeadStoreView(path, prefix)
+    view = DeadStoreView(path, prefix, read_only=True)
     try:
         dead = Operator(view).list_dead()
     finally:

@@ -36,12 +36,14 @@ class DeadLock:
 
     __slots__ = ("_env", "fd", "local")
 
-    def __init__(self, env: Env, lock_path: str) -> None:
+    def __init__(self, env: Env, lock_path: str, *, read_only: bool = False) -> None:
         self._env = env
         self.local = threading.Lock()
-        # Implements S-1: the lock file is opened once and kept; it is never renamed.
-        self.fd = env.open(lock_path, OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE,
-                           FILE_MODE)
+        # Implements S-1: the lock file is opened once and kept; it is never renamed. A
+        # read-only store (S-17) opens it for reading only, and never creates it: flock
+        # works on any open file description.
+        flags = OpenFlag.READ if read_only else OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE
+        self.fd = env.open(lock_path, flags, FILE_MODE)
 
     def acquire(self, operation: str) -> None:
         """Implements L-1..L-3: the mutex and the flock in one bounded retry loop."""

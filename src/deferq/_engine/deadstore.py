@@ -80,7 +80,7 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadCompaction):
     _index_class: type[DeadIndex] = DeadIndex  # S-10 (a mutant swaps it for a weaker one)
     _lock_class: type[DeadLock] = DeadLock  # L-1..L-4 (mutants swap it for broken ones)
 
-    def __init__(self, env: Env, path: str, prefix: str) -> None:
+    def __init__(self, env: Env, path: str, prefix: str, *, read_only: bool = False) -> None:
         self._env = env
         self._path = path
         self._data = join(path, dead_data_name(prefix))
@@ -89,12 +89,17 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadCompaction):
         self._broken = False
         self._pid = env.getpid()
         self._init_process_state()
-        self._lock = self._lock_class(env, join(path, dead_lock_name(prefix)))  # S-1
+        lock_path = join(path, dead_lock_name(prefix))
+        # S-17: a read-only store (the operators' reads) creates nothing and opens nothing
+        # for writing; only list_tasks and find may be called on it.
+        self._lock = (self._lock_class(env, lock_path, read_only=True) if read_only
+                      else self._lock_class(env, lock_path))  # S-1
         # The lock file also carries the compaction mark (S-9) and the ctime the index is
         # checked against (S-10): a copy of its descriptor saves the add path one hop.
         self._lock_fd = self._lock.fd
         try:
-            self._create_data_file()
+            if not read_only:
+                self._create_data_file()
         except BaseException:
             self._lock.close()
             raise
