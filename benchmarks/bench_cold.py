@@ -98,6 +98,8 @@ def bench_cold(cfg: Config, scratch: Scratch, res: Results) -> None:
     store, sqlite_dir = scratch.new("cold-store"), scratch.new("cold-store-sqlite")
     log(f"building a {n:,}-entry dead-task store for the cold rows ...")
     ids = rd.build_dead_store(store, sqlite_dir, n)
+    # A store a worker wrote has its lock file; a reading command refuses one without it (S-32).
+    os.close(os.open(os.path.join(store, f"{PREFIX}dead_tasks.lock"), os.O_CREAT | os.O_WRONLY, 0o600))
     recent, missing = ids[-10], f"{SEED0}-{FAKE_PID}-no-such-task"
     rows: list[tuple[str, str, str, str, Target]] = [
         ("cold_list_newest", f"list newest {PAGE} of {size}, cold (fresh process)", "newest", "",

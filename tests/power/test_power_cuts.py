@@ -268,7 +268,7 @@ def _rotation_run(storage: Path, inject: list[str]) -> tuple[list[str], str]:
     log = storage.parent / "strace.log"
     cmd = ["strace", "-f", "-qq", "-o", str(log)]
     for spec in inject:
-        cmd += ["-e", f"inject={spec}"] if spec else ["-e", "trace=fsync,openat,unlink"]
+        cmd += ["-e", f"inject={spec}"] if spec else ["-e", "trace=fsync,openat,unlink,unlinkat"]
     cmd += [sys.executable, str(Path(__file__).with_name("rotation_probe.py")), str(storage)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False,
                             env=dict(os.environ, PYTHONPATH=str(src)))
@@ -310,8 +310,9 @@ def test_failed_directory_fsync_at_rotation_fails_stop(tmp_path: Path) -> None:
 def test_failed_directory_fsync_at_rotation_fails_stop_even_if_cleanup_fails(
         tmp_path: Path) -> None:
     when = _rotation_fsync(tmp_path, 1)
+    # The store unlinks relative to its directory's descriptor (F-25): unlinkat, not unlink.
     out, trace = _rotation_run(tmp_path / "b" / "storage",
-                               [f"fsync:error=EIO:when={when}", "unlink:error=EIO:when=1"])
+                               [f"fsync:error=EIO:when={when}", "unlinkat:error=EIO:when=1"])
     assert trace.count("(INJECTED)") == 2
     assert out[:5] == ["remove0 StorageBrokenError", "remove1 StorageBrokenError",
                        "remove2 StorageBrokenError", "add StorageBrokenError", "broken True"]
@@ -335,7 +336,7 @@ def test_failed_copy_fsync_at_rotation_keeps_the_old_file(tmp_path: Path) -> Non
 def test_failed_copy_fsync_at_rotation_never_resurrects_removed_tasks(tmp_path: Path) -> None:
     when = _rotation_fsync(tmp_path, 2)
     out, trace = _rotation_run(tmp_path / "d" / "storage",
-                               [f"fsync:error=EIO:when={when}", "unlink:error=EIO:when=1"])
+                               [f"fsync:error=EIO:when={when}", "unlinkat:error=EIO:when=1"])
     assert trace.count("(INJECTED)") == 2
     # Either the WAL fail-stops (nothing is acknowledged after the failure), or the abandoned
     # copy is gone. Otherwise whether removed tasks come back depends on the random file

@@ -128,7 +128,7 @@ def test_context_round_trips(args: list[object], kwargs: dict[str, object], atte
 
 
 
-@pytest.mark.spec("F-13", "Q-24")
+@pytest.mark.spec("F-26", "Q-24")
 def test_queue_and_cli_leave_owner_only_files(storage: Path) -> None:
     import stat
 

@@ -357,11 +357,13 @@ def test_reading_commands_read_a_store_without_dead_task_files_as_empty_and_crea
 
 
 @pytest.mark.spec("S-32")
-def test_a_copied_store_without_its_lock_file_is_still_read(tmp_path: Path) -> None:
+def test_a_copied_store_without_its_lock_file_is_refused_naming_it(tmp_path: Path) -> None:
+    """A reading command cannot lock such a store, and creates nothing to do so."""
     from deferq._cli.dead import DeadStoreView
+    from deferq._cli.store import EXIT_NO_STORE, CommandError
     write_store(tmp_path, encode_dead(dead("a")))
-    view = DeadStoreView(str(tmp_path), PREFIX, read_only=True)
-    try:
-        assert [t.id for t in view.iter_dead_tasks()] == ["a"]
-    finally:
-        view.close()
+    names = sorted(os.listdir(tmp_path))
+    with pytest.raises(CommandError, match="lock file") as refused:
+        DeadStoreView(str(tmp_path), PREFIX, read_only=True)
+    assert refused.value.status == EXIT_NO_STORE
+    assert sorted(os.listdir(tmp_path)) == names

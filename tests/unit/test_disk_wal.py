@@ -1017,7 +1017,7 @@ def test_opening_creates_the_directory_with_parents_its_files_and_fsyncs_the_par
         env.index("fsync_dir", str(storage), start=made)
 
 
-@pytest.mark.spec("F-13")
+@pytest.mark.spec("F-26")
 def test_files_are_created_0600_and_the_directory_0700(storage: Path) -> None:
     old = os.umask(0)
     try:

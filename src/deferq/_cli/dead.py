@@ -35,12 +35,12 @@ from deferq._cli.output import (
 )
 from deferq._cli.parser import EXIT_USAGE
 from deferq._cli.progress import Progress
-from deferq._cli.store import CommandError, require_store, storage_of
-from deferq._core.names import dead_data_name
+from deferq._cli.store import EXIT_NO_STORE, CommandError, require_store, storage_of
+from deferq._core.names import dead_data_name, dead_lock_name
 from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask
 from deferq._engine.deadstore import DeadTaskStore
-from deferq._engine.osenv import OS_ENV
+from deferq._engine.osenv import DirEnv
 from deferq._engine.walorphan import HandoffWal
 from deferq._runtime.operator import Operator, Retried
 from deferq.backends import Postgres
@@ -57,16 +57,27 @@ class DeadStoreView:
     """
 
     def __init__(self, path: str, prefix: str, *, read_only: bool = False) -> None:
+        # F-25, F-27, F-28: the directory held open and checked, and, as root, every file
+        # the store creates given to the directory's owner, so workers can open it after.
+        # Implements Q-81: a read-only view creates nothing and opens nothing for writing.
+        self._env = DirEnv(path)
         self._store: DeadTaskStore | None = None
         try:
-            self._store = DeadTaskStore(OS_ENV, path, prefix, read_only=read_only)
+            self._store = DeadTaskStore(self._env, path, prefix, read_only=read_only)
         except FileNotFoundError:
             if not read_only:
+                self._env.close_directory()
                 raise
-            # No lock file: a data file without one (a copied store) is opened as a writer
-            # opens it (S-1); with neither, there is nothing to read (S-32).
-            if os.path.lexists(os.path.join(path, dead_data_name(prefix))):
-                self._store = DeadTaskStore(OS_ENV, path, prefix)
+            names = self._env.listdir(path)
+            self._env.close_directory()
+            if dead_data_name(prefix) in names:
+                raise CommandError(f"the dead-task lock file {dead_lock_name(prefix)} is missing "
+                                   f"in {path}: a read-only command cannot lock the store to read "
+                                   "it", EXIT_NO_STORE) from None
+            # No data file and no lock file: no dead task was ever stored here (S-32).
+        except BaseException:
+            self._env.close_directory()
+            raise
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
         return [] if self._store is None else self._store.list_tasks(limit, offset)
@@ -76,19 +87,24 @@ class DeadStoreView:
         return iter(()) if self._store is None else self._store.iter_tasks(offset)
 
     def find_dead_task(self, task_id: str) -> DeadTask | None:
-        task_id = check_task_id(task_id)
-        return None if self._store is None else self._store.find(task_id)
+        tid = check_task_id(task_id)
+        return None if self._store is None else self._store.find(tid)
 
     def remove_dead_tasks(self, ids: str | Iterable[str] | None) -> int:
         if ids is None:
             return 0
+        assert self._store is not None, "remove on a read-only view"
         wanted = [ids] if isinstance(ids, str) else list(ids)
         assert self._store is not None, "a writable view always has a store"
         return self._store.remove({check_task_id(i, argument="id") for i in wanted})
 
     def close(self) -> None:
-        if self._store is not None:
+        if self._store is None:
+            return
+        try:
             self._store.close()
+        finally:
+            self._env.close_directory()
 
 
 def _view(args: argparse.Namespace, *, read_only: bool = False
@@ -231,12 +247,16 @@ def dead_retry(args: argparse.Namespace) -> int:
                         ids, on_task=progress.step)
             else:
                 dead = DeadStoreView(path, prefix)
+                # F-25, F-28: the hand-off file is made through the directory held open and,
+                # as root, given to the directory's owner, so a worker can adopt it.
+                handoff_env = DirEnv(path)
                 try:
-                    with HandoffWal(OS_ENV, path, prefix) as handoff:
+                    with HandoffWal(handoff_env, path, prefix) as handoff:
                         retried, missing = Operator(dead, handoff).retry_dead(
                             ids, on_task=progress.step)
                 finally:
                     dead.close()
+                    handoff_env.close_directory()
         finally:
             progress.close()
     for task_id in missing:

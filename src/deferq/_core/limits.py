@@ -44,6 +44,8 @@ WRITE_BATCH_BYTES: Final = 256 * 1024
 # reads while holding the locks, and how many compactions one read survives.
 DEAD_READ_STEP_BYTES: Final = 1024 * 1024
 DEAD_READ_RESTARTS_MAX: Final = 8
+# W-35: orphan WAL files a worker holds open at once while it adopts them (plus its own copy).
+ADOPT_FILES_MAX: Final = 64
 
 # --- WAL rotation (W-9).
 WAL_SIZE_LIMIT_BYTES: Final = 2_000_000
@@ -86,9 +88,10 @@ PREFIX_BYTES_MAX: Final = FILE_NAME_BYTES_MAX - len(WAL_STORAGE_VERSION) - len("
 # Backpressure waits at most this long (Q-29): a larger timeout would overflow the wait loop.
 BACKPRESSURE_TIMEOUT_MAX_S: Final = 3600.0
 
-# --- File modes (F-13).
+# --- File modes (F-26).
 FILE_MODE: Final = 0o600
 DIR_MODE: Final = 0o700
+PARENT_DIR_MODE: Final = 0o755  # F-26: parents deferq creates, never writable by others
 
 
 def lock_sleep_s(attempt: int) -> float:

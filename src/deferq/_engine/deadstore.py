@@ -99,7 +99,8 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadCompaction):
         if read_only:
             return  # S-32: nothing created, nothing fsynced
         try:
-            self._create_data_file()
+            if not read_only:
+                self._create_data_file()
         except BaseException:
             self._lock.close()
             raise

@@ -98,8 +98,10 @@ _SOURCES_MUTEX = threading.Lock()
 
 def id_source(env: Env) -> IdSource:
     """The one id source of this Env's process."""
+    # A storage directory's own Env (osenv.DirEnv, F-25) shares its process's source (W-28).
+    key: Env = getattr(env, "process_env", env)
     with _SOURCES_MUTEX:
-        source = _SOURCES.get(env)
+        source = _SOURCES.get(key)
         if source is None:
-            source = _SOURCES[env] = IdSource(env)
+            source = _SOURCES[key] = IdSource(key)
         return source

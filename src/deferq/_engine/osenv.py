@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Final
 
 from deferq._core.errors import UnsafeEntryError
-from deferq._core.limits import WAL_RESERVE_BYTES
+from deferq._core.limits import PARENT_DIR_MODE, WAL_RESERVE_BYTES
 from deferq._engine.env import Cancel, FileStat, MappedWindow, OpenFlag
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -119,11 +119,15 @@ class OsEnv:
         waiting on a FIFO (``O_NOFOLLOW | O_NONBLOCK``; the non-blocking flag changes
         nothing for a regular file's reads and writes on Linux), then check what was opened.
         """
+        return self._open_at(path, path, flags, mode, None)
+
+    def _open_at(self, path: str, name: str, flags: OpenFlag, mode: int, dir_fd: int | None) -> int:
+        """``open`` of ``name`` (relative to ``dir_fd`` when given); errors name ``path``."""
         bits = _OS_BITS.get(flags._value_)  # an int key: hashing the Flag is a Python call
         if bits is None:
             bits = _OS_BITS[flags._value_] = os_flags(flags)
         try:
-            fd = os.open(path, bits, mode)
+            fd = os.open(name, bits, mode, dir_fd=dir_fd)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise UnsafeEntryError(exc.errno, f"{path} is a symbolic link; deferq never "
@@ -143,6 +147,25 @@ class OsEnv:
                     "a socket" if stat.S_ISSOCK(mode_bits) else "a device or special file")
             raise UnsafeEntryError(errno.EINVAL, f"{path} is {kind}, not a regular file")
         return fd
+
+    def makedirs(self, path: str, mode: int = 0o700) -> None:
+        """Implements F-26: create ``path`` with ``mode`` and each missing parent with 0755.
+
+        Unlike ``os.makedirs`` (whose parents get 0777 before the umask), no directory made
+        here is writable by group or others under any umask, umask 0 included.
+        """
+        head, tail = os.path.split(path)
+        if not tail:
+            head, tail = os.path.split(head)
+        if head and tail and not os.path.lexists(head):
+            self.makedirs(head, PARENT_DIR_MODE)
+        if tail in ("", ".", ".."):
+            return
+        try:
+            os.mkdir(path, mode)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         return os.pread(fd, size, offset)
@@ -202,9 +225,6 @@ class OsEnv:
     def unlink(self, path: str) -> None:
         os.unlink(path)
 
-    def makedirs(self, path: str, mode: int = 0o700) -> None:
-        os.makedirs(path, mode=mode, exist_ok=True)
-
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
 
@@ -237,4 +257,121 @@ class OsEnv:
 
 
 OS_ENV = OsEnv()
-"""The one real Env of this process: every Disk opened without ``env=`` shares it (and its id source)."""
+"""The one real Env of this process: every Disk opened without ``env=`` shares its id source."""
+
+_O_DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
+
+
+class DirEnv(OsEnv):
+    """The operating system as an ``Env`` for one storage directory, held open (F-25).
+
+    The directory is opened once, with ``O_DIRECTORY | O_NOFOLLOW``, and every name the
+    engine uses in it (``join(directory, name)``) is opened, renamed, unlinked, listed and
+    fsynced relative to that descriptor (``dir_fd=``). So nothing the process later does
+    with its working directory, nor a rename or replacement of the directory's path, can
+    redirect a write: the engine keeps working in the directory ``Disk()`` opened. A path
+    outside the directory is a programming error (``ValueError``). Process facts (the
+    clock, the pid, the id source, W-28) are the process's: see ``process_env``.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        #: The Env whose id source this one shares (W-28: one source per process).
+        self.process_env: OsEnv = OS_ENV
+        self._prefix = directory.rstrip("/") + "/" if directory not in ("", ".") else ""
+        try:
+            self._dir_fd: int | None = os.open(directory, os.O_RDONLY | _O_DIRECTORY
+                                               | os.O_NOFOLLOW | _O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(directory):
+                raise UnsafeEntryError(exc.errno, f"storage directory {directory} is a symbolic "
+                                       "link; deferq never follows one: pass the directory it "
+                                       "points to") from None
+            raise
+        try:
+            st = os.fstat(self._dir_fd)
+            self._check_directory(st)
+        except BaseException:
+            self.close_directory()
+            raise
+        self._owner = (st.st_uid, st.st_gid)
+        # F-28: as root in another user's directory, every file created goes to that user.
+        self._give_away = os.geteuid() == 0 and st.st_uid != 0
+
+    def _check_directory(self, st: os.stat_result) -> None:
+        """Implements F-27 for the directory: not writable by others, and the caller's own."""
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o022:
+            raise UnsafeEntryError(errno.EPERM, f"storage directory {self.directory} has mode "
+                                   f"{mode:04o}: anyone in its group or every user could plant or "
+                                   f"replace its files; run chmod go-w {self.directory}")
+        euid = os.geteuid()
+        if euid != 0 and st.st_uid != euid:
+            raise UnsafeEntryError(errno.EPERM, f"storage directory {self.directory} belongs to "
+                                   f"uid {st.st_uid}, not to this process's user (uid {euid}): "
+                                   "run as its owner")
+
+    def _check_file(self, path: str, fd: int, flags: OpenFlag) -> None:
+        """Implements F-27 and F-28 for a file just opened in the directory."""
+        st = os.fstat(fd)
+        uid, gid = self._owner
+        if self._give_away and st.st_uid == 0 and OpenFlag.CREATE in flags:
+            os.fchown(fd, uid, gid)  # F-28: before anything is written to it
+        elif st.st_uid not in (uid, 0):
+            raise UnsafeEntryError(errno.EPERM, f"{path} belongs to uid {st.st_uid}, not to the "
+                                   f"storage directory's owner (uid {uid}); deferq never uses it")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o022:
+            raise UnsafeEntryError(errno.EPERM, f"{path} has mode {mode:04o}: writable by group or "
+                                   f"others, so deferq never uses it; run chmod go-w {path}")
+
+    def dir_fd(self) -> int:
+        """The storage directory's descriptor; ``ValueError`` once closed."""
+        if self._dir_fd is None:
+            raise ValueError(f"the storage directory {self.directory} was closed")
+        return self._dir_fd
+
+    def close_directory(self) -> None:
+        """Close the directory's descriptor (``Disk.close``); idempotent."""
+        fd, self._dir_fd = self._dir_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _name(self, path: str) -> str:
+        """The name ``path`` has in the directory; ``ValueError`` for any other path."""
+        name = path[len(self._prefix):] if path.startswith(self._prefix) else ""
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"{path!r} is not a file of the storage directory {self.directory!r}")
+        return name
+
+    def _is_directory(self, path: str) -> bool:
+        if path != self.directory and path.rstrip("/") != self.directory.rstrip("/"):
+            raise ValueError(f"{path!r} is not the storage directory {self.directory!r}")
+        return True
+
+    def open(self, path: str, flags: OpenFlag, mode: int = 0o600) -> int:
+        fd = self._open_at(path, self._name(path), flags, mode, self.dir_fd())
+        try:
+            self._check_file(path, fd, flags)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def rename(self, src: str, dst: str) -> None:
+        fd = self.dir_fd()
+        os.rename(self._name(src), self._name(dst), src_dir_fd=fd, dst_dir_fd=fd)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(self._name(path), dir_fd=self.dir_fd())
+
+    def makedirs(self, path: str, mode: int = 0o700) -> None:
+        self._is_directory(path)  # it exists: it is open
+
+    def listdir(self, path: str) -> list[str]:
+        self._is_directory(path)
+        return os.listdir(self.dir_fd())
+
+    def fsync_dir(self, path: str) -> None:
+        self._is_directory(path)
+        os.fsync(self.dir_fd())

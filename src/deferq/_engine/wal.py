@@ -52,7 +52,6 @@ from deferq._core.types import PendingTask
 from deferq._core.walcodec import WalAdd, decode_wal_line, encode_add, encode_rem
 from deferq._engine.env import Env, MappedWindow
 from deferq._engine.ids import id_source
-from deferq._engine.io import join
 from deferq._engine.walbase import OPEN, WalState
 from deferq._engine.walsweep import WalSweep
 
@@ -99,25 +98,11 @@ class TasksWal(WalSweep):
         self._sync_due_s = env.monotonic() + fsync_frequency_s
         self._held_fds: list[int] = []  # files kept locked until close (see _discard_copy)
         self.corrupt_records = 0
-        claimed = self._claim_orphans()
-        try:
-            replay = self._replay(claimed)
-        except BaseException:
-            self._close_fds([fd for _, fd in claimed])
-            raise
-        self._live: dict[str, bytes] = replay.live  # id -> add line, newline included
-        self.corrupt_records = replay.corrupt
-        if replay.corrupt:
-            log.warning("Detected %d corrupted deferred task record(s) in %s", replay.corrupt,
-                        ", ".join(join(path, name) for name, _ in claimed))
-        # Implements W-28: ids start above every id seen and above the clock.
+        self._live: dict[str, bytes] = {}  # id -> add line, newline included
         self._ids = id_source(env)
-        self._ids.raise_floor(replay.seed_max + 1)
-        if claimed:
-            self._name, self._fd = self._adopt(claimed)
-            # Implements Q-32 at the storage level: which files a start took over.
-            log.info("adopted %d WAL file(s) holding %d pending task(s): %s", len(claimed),
-                     len(self._live), ", ".join(name for name, _ in claimed))
+        adopted = self._adopt_orphans()
+        if adopted is not None:
+            self._name, self._fd = adopted
         else:
             self._name, self._fd = self._create_file()
         self._size = env.fstat(self._fd).size  # the end of the records: where writes go
@@ -133,31 +118,6 @@ class TasksWal(WalSweep):
         # next store's fault costs more than the write it saves (measured: see W-26).
         self._mapping = fsync_frequency_s > 0  # and False once a map failed
         self._limit = _limit_after_copy(self._size)
-
-    # ------------------------------------------------------------------ opening
-
-    def _adopt(self, claimed: list[tuple[str, int]]) -> tuple[str, int]:
-        """Implements W-3 and W-4: copy the live tasks to a fresh file, then retire the claimed ones.
-
-        An adopted file is never appended to nor trusted to be durable: its records
-        may exist only in the page cache after a previous owner's failed fsync
-        (A-7) marked them clean, and an fsync of ours would return 0 without
-        writing them. The fresh copy's fsync writes every byte it holds (D-2,
-        D-3); only then are the claimed files unlinked, still locked, and the
-        directory fsynced. Any failure raises from the constructor, which has
-        acknowledged nothing; the files left behind hold the same pending tasks.
-        """
-        try:
-            name, fd = self._write_fresh_copy()
-        except BaseException:
-            self._close_fds([fd for _, fd in claimed] + self._held_fds)
-            raise
-        try:
-            self._retire(claimed)
-        except BaseException:
-            self._close_fds([fd])
-            raise
-        return name, fd
 
     # ------------------------------------------------------------------ operations
 

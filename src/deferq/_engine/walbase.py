@@ -53,6 +53,7 @@ class WalBase:
     # The live tasks (id -> add line) and the id source (W-28, W-7).
     _live: dict[str, bytes]
     _ids: IdSource
+    corrupt_records: int  # damaged records met while adopting (W-3)
     # The main file, the end of its records, the reserved space and its mapping (W-25, W-26).
     _name: str
     _fd: int

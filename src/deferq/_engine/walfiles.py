@@ -1,4 +1,4 @@
-"""The tasks WAL's files: claim orphans, create a file, write a fresh copy, retire or discard
+"""The tasks WAL's files: adopt orphans in batches (W-35), claim orphans, create a file, write a fresh copy, retire or discard
 (spec/wal.md W-1..W-4, W-10).
 
 Rules: a new file's name is durable (directory fsync) before any record goes into it (W-1);
@@ -16,7 +16,7 @@ from typing import Final
 
 from deferq._core.errors import StorageBrokenError, UnsafeEntryError
 from deferq._core.fastreplay import FastWalReplay
-from deferq._core.limits import FILE_MODE, WRITE_BATCH_BYTES
+from deferq._core.limits import ADOPT_FILES_MAX, FILE_MODE, WRITE_BATCH_BYTES
 from deferq._core.names import is_wal_file_name, wal_file_name
 from deferq._core.recovery import WalReplay
 from deferq._core.walcodec import encode_rem
@@ -36,13 +36,87 @@ _CREATE_ATTEMPTS_MAX: Final = 16
 class WalFiles(WalBase):
     """Creating, claiming, copying and retiring WAL files."""
 
-    def _claim_orphans(self, files_max: int | None = None) -> list[tuple[str, int]]:
-        """Lock every WAL file no live process holds (W-27), sorted by name.
+    def _adopt_orphans(self) -> tuple[str, int] | None:
+        """Implements W-27, W-3, W-4 and W-35: adopt every orphan, at most ``ADOPT_FILES_MAX`` at a time.
 
-        ``files_max`` stops after that many files are locked (the sweep's bound, W-31).
+        The orphans are claimed in name order, a batch at a time; each batch is replayed
+        after this worker's copy of the batches before it (which holds exactly their
+        pending tasks and seed, W-3) and replaced by a new copy (W-4), so the outcome is
+        that of one replay of every file in name order while at most ``ADOPT_FILES_MAX``
+        + 2 descriptors are open. Returns the last copy (the main file), or None when
+        there was nothing to adopt.
         """
+        names = self._orphan_names()
+        current: tuple[str, int] | None = None
+        adopted: list[str] = []
+        for start in range(0, len(names), ADOPT_FILES_MAX):
+            claimed = self._claim_orphans(names[start:start + ADOPT_FILES_MAX])
+            if not claimed:
+                continue
+            files = claimed if current is None else [current, *claimed]
+            try:
+                replay = self._replay(files)
+            except BaseException:
+                self._close_fds([fd for _, fd in files])
+                raise
+            self._live = replay.live
+            self.corrupt_records += replay.corrupt
+            if replay.corrupt:
+                log.warning("Detected %d corrupted deferred task record(s) in %s", replay.corrupt,
+                            ", ".join(join(self._path, name) for name, _ in claimed))
+            # Implements W-28: ids start above every id seen and above the clock.
+            self._ids.raise_floor(replay.seed_max + 1)
+            current = self._adopt(files)
+            adopted.extend(name for name, _ in claimed)
+        if current is not None:
+            # Implements Q-32 at the storage level: which files a start took over.
+            log.info("adopted %d WAL file(s) holding %d pending task(s): %s", len(adopted),
+                     len(self._live), ", ".join(adopted))
+        return current
+
+    def _replay(self, claimed: list[tuple[str, int]]) -> WalReplay:
+        """Replay every claimed file in name order (W-3, W-15, R-@A..R-@L), on the fast path (W-16)."""
+        replay = FastWalReplay()
+        for _, fd in claimed:
+            end = records_end(self._env, fd, self._env.fstat(fd).size)  # R-@L
+            replay.apply_file(chunks_forward(self._env, fd, end))
+        return replay.result()
+
+    def _adopt(self, claimed: list[tuple[str, int]]) -> tuple[str, int]:
+        """Implements W-3 and W-4: copy the live tasks to a fresh file, then retire the claimed ones.
+
+        An adopted file is never appended to nor trusted to be durable: its records
+        may exist only in the page cache after a previous owner's failed fsync
+        (A-7) marked them clean, and an fsync of ours would return 0 without
+        writing them. The fresh copy's fsync writes every byte it holds (D-2,
+        D-3); only then are the claimed files unlinked, still locked, and the
+        directory fsynced. Any failure raises from the constructor, which has
+        acknowledged nothing; the files left behind hold the same pending tasks.
+        """
+        try:
+            name, fd = self._write_fresh_copy()
+        except BaseException:
+            self._close_fds([fd for _, fd in claimed] + self._held_fds)
+            raise
+        try:
+            self._retire(claimed)
+        except BaseException:
+            self._close_fds([fd])
+            raise
+        return name, fd
+
+    def _orphan_names(self) -> list[str]:
+        """Every WAL file name of the prefix, sorted by name (W-27)."""
+        return sorted(n for n in self._env.listdir(self._path) if is_wal_file_name(self._prefix, n))
+
+    def _claim_orphans(self, names: list[str] | None = None,
+                       files_max: int | None = None) -> list[tuple[str, int]]:
+        """Lock every file of ``names`` (every WAL file of the prefix by default) that no live
+        process holds (W-27), in name order; ``files_max`` stops after that many are locked
+        (the sweep's bound, W-31)."""
         env = self._env
-        names = sorted(n for n in env.listdir(self._path) if is_wal_file_name(self._prefix, n))
+        if names is None:
+            names = self._orphan_names()
         claimed: list[tuple[str, int]] = []
         try:
             for name in names:
@@ -65,14 +139,6 @@ class WalFiles(WalBase):
             self._close_fds([fd for _, fd in claimed])
             raise
         return claimed
-
-    def _replay(self, claimed: list[tuple[str, int]]) -> WalReplay:
-        """Replay every claimed file in name order (W-3, W-15, R-@A..R-@L), on the fast path (W-16)."""
-        replay = FastWalReplay()
-        for _, fd in claimed:
-            end = records_end(self._env, fd, self._env.fstat(fd).size)  # R-@L
-            replay.apply_file(chunks_forward(self._env, fd, end))
-        return replay.result()
 
     def _create_file(self) -> tuple[str, int]:
         """Create, lock and make durable the name of a new WAL file (W-1)."""

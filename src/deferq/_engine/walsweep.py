@@ -47,7 +47,7 @@ class WalSweep(WalFiles, WalSpace, WalSync):
         """
         with self._mutex:
             self._check_usable()
-        claimed = self._claim_orphans(files_max)
+        claimed = self._claim_orphans(files_max=files_max)
         if not claimed:
             return []
         fds = [fd for _, fd in claimed]

@@ -31,7 +31,7 @@ from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask, PendingTask
 from deferq._engine.deadstore import DeadTaskStore, ancestors
 from deferq._engine.env import Cancel, Env
-from deferq._engine.osenv import OS_ENV
+from deferq._engine.osenv import OS_ENV, DirEnv
 from deferq._engine.wal import TasksWal
 from deferq.backends._arguments import (
     check_caller_id,
@@ -81,17 +81,26 @@ class Disk:
         self.path = check_path(path)
         self.prefix = check_prefix(prefix)
         self.fsync_frequency = check_fsync_frequency(fsync_frequency)
-        self._env: Env = OS_ENV if env is None else env
-        self._env.makedirs(self.path, DIR_MODE)
+        base: Env = OS_ENV if env is None else env
+        base.makedirs(self.path, DIR_MODE)
         # Implements D-6: the storage directory's name, and those of any parents makedirs
         # may have just created, are durable before any record is.
         for directory in ancestors(self.path):
-            self._env.fsync_dir(directory)
-        self._wal = self._wal_class(self._env, self.path, self.prefix, self.fsync_frequency)
+            base.fsync_dir(directory)
+        # Implements F-25: on the real OS the directory is held open and every name is
+        # resolved in it, so a later chdir or rename of the path cannot redirect a write.
+        self._dir_env = DirEnv(self.path) if env is None else None
+        self._env: Env = base if self._dir_env is None else self._dir_env
         try:
-            self._dead = self._dead_class(self._env, self.path, self.prefix)
+            self._wal = self._wal_class(self._env, self.path, self.prefix, self.fsync_frequency)
+            try:
+                self._dead = self._dead_class(self._env, self.path, self.prefix)
+            except BaseException:
+                self._wal.close()
+                raise
         except BaseException:
-            self._wal.close()
+            if self._dir_env is not None:
+                self._dir_env.close_directory()
             raise
         self._ticker: Cancel | None = None
         if self.fsync_frequency > 0:
@@ -200,7 +209,11 @@ class Disk:
         try:
             self._wal.close()
         finally:
-            self._dead.close()
+            try:
+                self._dead.close()
+            finally:
+                if self._dir_env is not None:
+                    self._dir_env.close_directory()
 
     def __enter__(self) -> Disk:
         return self

@@ -91,7 +91,7 @@ class UnlinkBeforeSweepSyncWal(TasksWal):
     (W-32): a power loss in between loses the adopted tasks, in both places at once."""
 
     def adopt_orphans(self, files_max: int) -> list[PendingTask]:
-        claimed = self._claim_orphans(files_max)
+        claimed = self._claim_orphans(files_max=files_max)
         if not claimed:
             return []
         replay = self._replay(claimed)
