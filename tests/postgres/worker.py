@@ -23,7 +23,7 @@ LEDGER_FD = -1
 
 class Ledgered(deferq.Task, name="pg.Ledgered", registry=REG):
     async def perform(self, key: str) -> None:
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)  # with max_concurrency=2: 60 tasks take >= 1.5 s
         os.write(LEDGER_FD, f"{key} {os.getpid()}\n".encode())
 
 
@@ -31,7 +31,9 @@ async def serve(dsn: str, schema: str) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     with Postgres(dsn=dsn, schema=schema, lease_seconds=1, poll_seconds=0.05) as backend:
-        queue = deferq.Queue(backend, registry=REG)
+        # Two at a time, so that a test can kill a worker while it still holds claimed tasks
+        # (60 tasks take >= 1.5 s, however fast the database answers).
+        queue = deferq.Queue(backend, registry=REG, max_concurrency=2)
         await queue.start()
         print("ready", flush=True)
         await stop.wait()
