@@ -17,7 +17,8 @@ This module keeps the lifecycle, the enqueue API and the introspection:
   queue's event loop; so when it returns the task is persisted (Q-6, Q-7), and
   a ``PushTimeout`` or ``SerializationError`` leaves nothing behind (Q-6, Q-11).
 - On a power-safe ``Disk`` (``fsync_frequency=0``) the loop never waits on an
-  fsync: ``aenqueue`` writes its record and awaits a group commit (Q-20, W-21).
+  fsync: ``aenqueue`` writes its record and awaits a group commit (Q-20, W-21); a caller
+  cancelled meanwhile still leaves the task scheduled once that commit is done (Q-41).
 - ``start`` replays the backend's pending tasks with their remaining delays (Q-9).
 - ``stop`` refuses new executions, lets running ones finish up to a timeout
   (then cancels them: they stay in the WAL) and syncs the WAL (Q-15); a task that
@@ -119,6 +120,7 @@ class Queue(DeadTaskApi):
         self._state = _State.NEW
         self._book = TaskBook()
         self._journal = Journal(backend, self._book)
+        self._late: set[asyncio.Task[None]] = set()  # Q-41: cancelled callers' tasks
         self._scheduler = Scheduler(self.clock, backpressure,
                                     max_concurrency=self.max_concurrency)
         self._executor = Executor(self._scheduler, self._journal, registry=self.registry,
@@ -342,9 +344,28 @@ class Queue(DeadTaskApi):
             if owner is not None:
                 await journal.commit_written()  # Implements Q-56.
                 return owner
-        await journal.commit_written()
+        try:
+            await journal.commit_written()
+        except asyncio.CancelledError:
+            self._schedule_once_committed(task_id, context, cls, publish_in)
+            raise
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
+
+    def _schedule_once_committed(self, task_id: str, context: Context, cls: type[Task],
+                                 publish_in: int | None) -> None:
+        """Implements Q-41: the caller was cancelled after the record was written; the
+        task is still scheduled here once a group commit covers it (not if it fails, D-16)."""
+        async def once_committed() -> None:
+            try:
+                await self._journal.commit_written()
+            except Exception:  # noqa: BLE001 - the WAL is broken (W-22); not scheduled (D-16)
+                return
+            self._scheduler.schedule(task_id, context, cls, publish_in)
+
+        job = asyncio.ensure_future(once_committed())
+        self._late.add(job)  # a strong reference until it is done
+        job.add_done_callback(self._late.discard)
 
     def _refuse_above_high_water(self) -> None:
         bp = self.backpressure
