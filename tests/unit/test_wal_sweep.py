@@ -226,3 +226,18 @@ def test_a_handoff_whose_fsync_fails_leaves_no_file_and_raises(storage: Path) ->
         with pytest.raises(OSError):
             handoff.sync()
     assert wal_files(storage) == before
+
+
+@pytest.mark.spec("W-34", "W-28")
+def test_a_handoff_generates_ids_above_every_seed_in_the_directory(storage: Path) -> None:
+    # A live worker's file (and a closed one's) hold seeds far above the clock, under this
+    # pid: a hand-off whose own id source (a fresh Env) ignored them could reissue their ids.
+    closed = f"9200000000-{os.getpid()}-1"
+    with open_disk(storage) as worker:
+        worker.add_task(b"x", task_id=f"9100000000-{os.getpid()}-1")
+        orphan(storage, closed)
+        with HandoffWal(RecordingEnv(), str(storage), PREFIX) as handoff:
+            new = handoff.add_task(b"y")
+            handoff.sync()
+        assert int(new.split("-")[0]) > 9200000000
+        assert {t.task_id for t in worker.adopt_orphans()} == {closed, new}
