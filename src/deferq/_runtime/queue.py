@@ -270,7 +270,7 @@ class Queue(DeadTaskApi):
         cls, options = self._resolve(task)
         data, context, cls = self._prepare(cls, args, kwargs, options.key, meta=options.meta)
         if self.backpressure is not None:
-            self._refuse_above_high_water()
+            _refuse_above_high_water(self.backpressure, self._scheduler)
         publish_at, publish_in = self._publish(options)
         return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
 
@@ -306,7 +306,7 @@ class Queue(DeadTaskApi):
         """
         data, context, cls = self._prepare(task_class_of(task), args, kwargs)
         if self.backpressure is not None:
-            self._refuse_above_high_water()
+            _refuse_above_high_water(self.backpressure, self._scheduler)
         publish_at, publish_in = self._timing(delay, delay_until)
         return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
 
@@ -347,32 +347,11 @@ class Queue(DeadTaskApi):
         try:
             await journal.commit_written()
         except asyncio.CancelledError:
-            self._schedule_once_committed(task_id, context, cls, publish_in)
+            _schedule_once_committed(journal, self._scheduler, self._late, task_id, context,
+                                     cls, publish_in)
             raise
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
-
-    def _schedule_once_committed(self, task_id: str, context: Context, cls: type[Task],
-                                 publish_in: int | None) -> None:
-        """Implements Q-41: the caller was cancelled after the record was written; the
-        task is still scheduled here once a group commit covers it (not if it fails, D-16)."""
-        async def once_committed() -> None:
-            try:
-                await self._journal.commit_written()
-            except Exception:  # noqa: BLE001 - the WAL is broken (W-22); not scheduled (D-16)
-                return
-            self._scheduler.schedule(task_id, context, cls, publish_in)
-
-        job = asyncio.ensure_future(once_committed())
-        self._late.add(job)  # a strong reference until it is done
-        job.add_done_callback(self._late.discard)
-
-    def _refuse_above_high_water(self) -> None:
-        bp = self.backpressure
-        if bp is not None and self._scheduler.backlog > bp.high_water_mark:
-            backlog = self._scheduler.backlog
-            raise PushTimeout(f"could not enqueue deferred task: backlog {backlog} is above "
-                              f"the high water mark {bp.high_water_mark}")
 
     def _prepare(self, cls: type[Task], args: tuple[object, ...], kwargs: dict[str, object],
                  key: str | None = None, *, meta: Mapping[str, str] | None = None
@@ -410,3 +389,27 @@ class Queue(DeadTaskApi):
                 return owner
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
+
+
+def _refuse_above_high_water(bp: Backpressure | None, scheduler: Scheduler) -> None:
+    """Implements Q-11 for ``enqueue`` and ``defer``: ``PushTimeout`` at once above the mark."""
+    if bp is not None and scheduler.backlog > bp.high_water_mark:
+        raise PushTimeout(f"could not enqueue deferred task: backlog {scheduler.backlog} is above "
+                          f"the high water mark {bp.high_water_mark}")
+
+
+def _schedule_once_committed(journal: Journal, scheduler: Scheduler,
+                             late: set[asyncio.Task[None]], task_id: str, context: Context,
+                             cls: type[Task], publish_in: int | None) -> None:
+    """Implements Q-41: the caller was cancelled after the record was written; the task is
+    still scheduled here once a group commit covers it (not if it fails, D-16)."""
+    async def once_committed() -> None:
+        try:
+            await journal.commit_written()
+        except Exception:  # noqa: BLE001 - the WAL is broken (W-22); not scheduled (D-16)
+            return
+        scheduler.schedule(task_id, context, cls, publish_in)
+
+    job = asyncio.ensure_future(once_committed())
+    late.add(job)  # a strong reference until it is done
+    job.add_done_callback(late.discard)
