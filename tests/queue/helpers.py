@@ -18,6 +18,8 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import TypeVar
 
 from deferq import Backpressure, DeadTask, PendingTask, Queue, TaskRegistry
+from deferq.backends import Disk
+from deferq.crashtest import SimDisk
 
 T = TypeVar("T")
 
@@ -164,3 +166,12 @@ async def started(backend: RecordingBackend, clock: DrivenClock, *,
                   registry=registry)
     await queue.start()
     return queue
+
+
+def recovered_after_power_loss(sim: SimDisk) -> list[str]:
+    """The pending task ids a worker finds after a power loss now (storage at ``/s``)."""
+    disk = Disk(path="/s", fsync_frequency=0, env=SimDisk(0, image=sim.durable_image()).process())
+    try:
+        return sorted(t.task_id for t in disk.pending_tasks())
+    finally:
+        disk.close()

@@ -21,7 +21,7 @@ from deferq._core.errors import StorageBrokenError
 from deferq.backends import Disk
 from deferq.crashtest import FaultRule, FsyncEio, SimDisk, SimEnv
 from deferq.crashtest._tracing import TracingEnv
-from tests.queue.helpers import DrivenClock, run
+from tests.queue.helpers import DrivenClock, recovered_after_power_loss, run
 
 REG = deferq.TaskRegistry()
 GATE: list[asyncio.Event] = []
@@ -69,15 +69,6 @@ class ThreadEnv(TracingEnv):
         super().fsync(fd)
 
 
-def _recovered(sim: SimDisk) -> list[str]:
-    """The pending task ids a worker finds after a power loss now."""
-    disk = Disk(path="/s", fsync_frequency=0, env=SimDisk(0, image=sim.durable_image()).process())
-    try:
-        return sorted(t.task_id for t in disk.pending_tasks())
-    finally:
-        disk.close()
-
-
 @pytest.mark.spec("Q-20", "Q-23", "D-15", "W-21")
 def test_sixteen_concurrent_aenqueues_share_one_fsync_and_survive_a_power_loss() -> None:
     sim = SimDisk(0)
@@ -92,7 +83,7 @@ def test_sixteen_concurrent_aenqueues_share_one_fsync_and_survive_a_power_loss()
         ids = await asyncio.gather(*(queue.aenqueue(Parked, n) for n in range(16)))
         assert len(env.fsync_threads) == 1, env.fsync_threads  # one group commit for all 16
         assert threading.current_thread().name not in env.fsync_threads  # Q-23
-        assert _recovered(sim) == sorted(ids)  # power loss right after they returned
+        assert recovered_after_power_loss(sim) == sorted(ids)  # power loss right after they returned
         GATE[0].set()
         await queue.wait_idle()
         await queue.stop()
@@ -100,7 +91,7 @@ def test_sixteen_concurrent_aenqueues_share_one_fsync_and_survive_a_power_loss()
 
     ids = run(main())
     assert len(set(ids)) == 16
-    assert _recovered(sim) == []  # every completion was made durable by stop at the latest
+    assert recovered_after_power_loss(sim) == []  # every completion was made durable by stop at the latest
     disk.close()
 
 
@@ -122,7 +113,7 @@ def test_completions_are_covered_by_a_background_group_commit_off_the_loop() -> 
         flusher = queue._journal._flusher
         if flusher is not None:
             await flusher
-        assert _recovered(sim) == []  # ...and durable without stop()
+        assert recovered_after_power_loss(sim) == []  # ...and durable without stop()
         assert threading.current_thread().name not in env.fsync_threads
         assert len(env.fsync_threads) < 16  # shared: 8 adds and 8 removals
         await queue.stop()
@@ -141,7 +132,7 @@ def test_the_synchronous_enqueue_on_a_power_safe_disk_still_fsyncs_inline() -> N
         queue = deferq.Queue(disk, registry=REG, clock=DrivenClock(), rng=random.Random(1))
         await queue.start()
         task_id = queue.enqueue(Parked, 1)
-        assert _recovered(sim) == [task_id]  # durable before enqueue returned
+        assert recovered_after_power_loss(sim) == [task_id]  # durable before enqueue returned
         GATE[0].set()
         await queue.stop()
         return task_id
@@ -196,7 +187,7 @@ def test_retries_and_give_ups_are_written_unsynced_and_made_durable_in_the_backg
         if flusher is not None:
             await flusher
         assert threading.current_thread().name not in env.fsync_threads  # Q-23
-        assert _recovered(sim) == []  # the re-add, removals: durable without stop()
+        assert recovered_after_power_loss(sim) == []  # the re-add, removals: durable without stop()
         await queue.stop()
         return flaky, doomed
 

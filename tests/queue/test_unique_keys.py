@@ -25,7 +25,14 @@ from deferq._runtime.serialize import Context, encode_context
 from deferq.backends import Disk
 from deferq.crashtest import SimDisk, SimEnv
 from deferq.crashtest._tracing import TracingEnv
-from tests.queue.helpers import DrivenClock, RecordingBackend, run, settle, started
+from tests.queue.helpers import (
+    DrivenClock,
+    RecordingBackend,
+    recovered_after_power_loss,
+    run,
+    settle,
+    started,
+)
 
 REG = deferq.TaskRegistry()
 GATE: list[asyncio.Event] = []
@@ -159,14 +166,6 @@ class BlockingEnv(TracingEnv):
         super().fsync(fd)
 
 
-def _recovered(sim: SimDisk) -> list[str]:
-    disk = Disk(path="/s", fsync_frequency=0, env=SimDisk(0, image=sim.durable_image()).process())
-    try:
-        return sorted(t.task_id for t in disk.pending_tasks())
-    finally:
-        disk.close()
-
-
 @pytest.mark.slow
 @pytest.mark.spec("Q-56")
 def test_a_duplicate_returns_only_once_the_first_task_is_durable() -> None:
@@ -180,10 +179,10 @@ def test_a_duplicate_returns_only_once_the_first_task_is_durable() -> None:
         keyed = note.options(delay=600, key="durable")
         first = asyncio.ensure_future(queue.adefer(keyed, "first"))
         await asyncio.to_thread(env.entered.wait, 10)  # its group commit is stuck in fsync
-        assert _recovered(sim) == []  # a power loss now would lose it
+        assert recovered_after_power_loss(sim) == []  # a power loss now would lose it
         threading.Timer(0.2, env.release.set).start()
         duplicate = queue.defer(keyed, "second")  # waits for the fsync that covers the first
-        assert _recovered(sim) == [duplicate]
+        assert recovered_after_power_loss(sim) == [duplicate]
         assert await first == duplicate
         assert await queue.adefer(keyed, "third") == duplicate
         await queue.stop()
