@@ -28,7 +28,7 @@ SEEN: list[tuple[str, object]] = []
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@deferq.task(name="defer.remind", registry=REG)
+@deferq.task(name="defer.remind", registry=REG, inline=True)  # stepped by a driven clock: no pool thread to race
 def remind(who: str, delay: int = 0) -> None:
     SEEN.append(("remind", (who, delay)))
 
