@@ -24,11 +24,9 @@ through the store's ``_lock_class``.
 
 from __future__ import annotations
 
-import threading
-
 from deferq._core.errors import DeadTasksLockTimeout
 from deferq._core.limits import FILE_MODE, LOCK_ATTEMPTS_MAX, lock_sleep_s
-from deferq._engine.env import Env, OpenFlag
+from deferq._engine.env import Env, Mutex, OpenFlag
 
 
 class DeadLock:
@@ -38,7 +36,8 @@ class DeadLock:
 
     def __init__(self, env: Env, lock_path: str, *, read_only: bool = False) -> None:
         self._env = env
-        self.local = threading.Lock()
+        # M-15: through the seam, so the simulator can interleave threads at it (L-7).
+        self.local: Mutex = env.mutex()
         # Implements S-1: the lock file is opened once and kept; it is never renamed.
         # A read-only view opens it for reading only and never creates it (S-32): flock
         # needs no write access.
