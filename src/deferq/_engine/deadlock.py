@@ -46,7 +46,10 @@ class DeadLock:
                             FILE_MODE))
 
     def acquire(self, operation: str) -> None:
-        """Implements L-1..L-3: the mutex and the flock in one bounded retry loop."""
+        """Implements L-1..L-3: the mutex and the flock in one bounded retry loop.
+
+        Implements L-7: the mutex first; the flock is tried only while it is held.
+        """
         env = self._env
         local = self.local
         for attempt in range(1, LOCK_ATTEMPTS_MAX + 1):
@@ -64,7 +67,11 @@ class DeadLock:
             env.sleep(lock_sleep_s(attempt))
 
     def release(self) -> None:
-        """Implements L-4: release both locks, the mutex even if the unlock fails."""
+        """Implements L-4: release both locks, the mutex even if the unlock fails.
+
+        Implements L-8: the flock first, so no other thread of this process can take the mutex
+        while the lock file's description still holds the flock this unlock is about to drop.
+        """
         try:
             self._env.flock_unlock(self.fd)
         finally:
