@@ -31,6 +31,7 @@ from deferq.backends import Disk
 from deferq.crashtest import SimDisk
 from deferq.crashtest._crashengine import Engine
 from deferq.crashtest._interleave import (
+    DEAD_KINDS,
     OP_KINDS,
     POWER_MODELS,
     Plan,
@@ -52,7 +53,7 @@ def _uniform_choices(seed: int) -> tuple[int, ...]:
 
 
 # Mostly dead-task operations, where the two locks are (as ``random_plan`` draws them).
-ops = st.tuples(st.sampled_from(OP_KINDS[2:] * 4 + OP_KINDS), st.integers(0, 63))
+ops = st.tuples(st.sampled_from(DEAD_KINDS * 4 + OP_KINDS), st.integers(0, 63))
 thread_ops = st.lists(ops, min_size=1, max_size=5).map(tuple)
 plans = st.builds(
     Plan,

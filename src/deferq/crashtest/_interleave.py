@@ -5,7 +5,8 @@ a shared open file description) and between processes without a scenario written
 any change to the order in which the engine takes or releases its locks should show up here.
 
 Method. A ``Plan`` names, per simulated process, the operations of each of its threads (WAL
-adds and removes, dead-task adds, removes, lists and finds), the scheduling choices, and how
+adds and removes, a tick of the process's fsync timer, as its timer thread would run it, and
+dead-task adds, removes, lists and finds), the scheduling choices, and how
 the run ends (to completion, cut after a number of steps, one process killed at a step, a
 power loss). ``check_plan`` runs it: each process is one ``SimDisk`` process with one
 ``Disk`` (the engine under test) on one ``ScheduledEnv``, shared by its threads, and a
@@ -46,8 +47,10 @@ from deferq.crashtest._persistence import Ext4Ordered, PersistenceModel, Prefix,
 from deferq.crashtest._schedenv import ScheduledEnv
 from deferq.crashtest._scheduler import Scheduler, SchedulerStuck
 from deferq.crashtest._simdisk import SimDisk
+from deferq.crashtest._simenv import SimEnv
 
-OP_KINDS: Final = ("add", "remove", "dead_add", "dead_remove", "list", "find")
+OP_KINDS: Final = ("add", "remove", "tick", "dead_add", "dead_remove", "list", "find")
+DEAD_KINDS: Final = OP_KINDS[3:]
 #: The persistence models a plan's power loss draws from: those that meet A-11.
 POWER_MODELS: Final[dict[str, PersistenceModel]] = {
     "weakest-atomic-rename": Weakest(atomic_rename=True),
@@ -94,11 +97,15 @@ class _Run:
         self.killed: set[int] = set()
         self.sim = sim
         self.pids: list[int] = []
+        self.inners: list[SimEnv] = []
+        self.envs: list[ScheduledEnv] = []
         self.disks: list[Disk] = []
         for frequency in plan.frequencies[:len(plan.threads)]:
             inner = sim.process()
             self.pids.append(inner.getpid())
-            env: ScheduledEnv = scheduler.wrap(inner)
+            self.inners.append(inner)
+            env = scheduler.wrap(inner)
+            self.envs.append(env)
             self.disks.append(engine.disk_class(path=PATH, prefix=PREFIX, env=env,
                                                 fsync_frequency=frequency))
 
@@ -112,10 +119,23 @@ class _Run:
         name = f"p{process}t{thread}"
         self.pending[name] = []
         for number, (kind, arg) in enumerate(self.plan.threads[process][thread], 1):
-            if kind in ("add", "remove"):
+            if kind == "tick":
+                self._tick(process, name)
+            elif kind in ("add", "remove"):
                 self._wal_op(process, name, kind, arg, number)
             else:
                 self._dead_op(process, name, kind, arg, number)
+
+    def _tick(self, process: int, name: str) -> None:
+        """Half a second passes (a seam call: the machine's clock), then the process's due
+        timers run in this thread, as its fsync timer thread would run them (W-8, W-21).
+
+        The model is not told: an fsync only makes more durable than it knows (lenient).
+        """
+        self.envs[process].sleep(0.5)
+        for error in self.inners[process].run_timers():
+            self._fail(f"the fsync timer of p{process}, run by {name}, raised "
+                       f"{type(error).__name__}: {error}")
 
     def _wal_op(self, process: int, name: str, kind: str, arg: int, number: int) -> None:
         disk, model, worker = self.disks[process], self.model, f"p{process}"
@@ -329,7 +349,7 @@ def random_plan(rng: random.Random) -> Plan:
     one to five operations each (mostly on the dead-task store, where the two locks are),
     random choices, and one ending in four."""
     threads = tuple(
-        tuple(tuple((rng.choice(OP_KINDS[2:] if rng.random() < 0.8 else OP_KINDS),
+        tuple(tuple((rng.choice(DEAD_KINDS if rng.random() < 0.8 else OP_KINDS),
                      rng.randrange(64)) for _ in range(rng.randint(1, 5)))
               for _ in range(count))
         for count in (3, rng.randint(1, 2)))
