@@ -169,14 +169,16 @@ class _Run:
                 life.added = (start, self.tick())
             elif kind == "dead_remove":
                 ids = self._removal(arg)
-                spans = [self.dead[i].removals for i in ids if i in self.dead]
-                for removals in spans:
-                    removals.append([start, None])
+                # This removal's own [start, return] entry in each task's life (another
+                # thread's removal of the same task may append its own after it).
+                spans: list[list[int | None]] = [[start, None] for i in ids if i in self.dead]
+                for task_id, span in zip([i for i in ids if i in self.dead], spans, strict=True):
+                    self.dead[task_id].removals.append(span)
                 op = model.remove_dead(ids)
                 found = disk.remove_dead_tasks(ids)
                 end = self.tick()
-                for removals in spans:
-                    removals[-1][1] = end
+                for span in spans:
+                    span[1] = end
                 self._check_count(name, ids, found, start, end)
             elif kind == "list":
                 op = 0
