@@ -105,7 +105,7 @@ def id_source(env: Env) -> IdSource:
     if source is not None:
         return source
     # Built outside the registry's mutex: building reads the Env's clocks, seam calls at which
-    # the simulator may switch threads (M-15), and no real lock may be held across one (M-17).
+    # the simulator may switch threads, and no real lock may be held across one (M-15).
     # Two threads that race here build two; the registry keeps the first.
     fresh = IdSource(key)
     with _SOURCES_MUTEX:
