@@ -26,6 +26,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from deferq._engine.deadlock import DeadLock
+from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.env import Condition, Mutex
 from deferq.backends import Disk
 from deferq.crashtest import SimDisk
@@ -150,3 +152,31 @@ def test_the_store_takes_its_mutex_before_the_flock_and_drops_it_after() -> None
     order = [e for e in log if e in ("flock", "unlock") or e.endswith(str(local))]
     assert order == [f"take {local}", "flock", "unlock", f"drop {local}"] * 3, order
     disk.close()
+
+
+class _ForgetfulLock(DeadLock):
+    """Waits for the mutex (blocking) and never releases it: the second operation of the
+    process waits for ever."""
+
+    def acquire(self, operation: str) -> None:
+        self.local.acquire()
+        assert self._env.flock_exclusive_nb(self.fd)
+
+    def release(self) -> None:
+        self._env.flock_unlock(self.fd)  # BUG: the mutex stays held
+
+
+class _ForgetfulStore(DeadTaskStore):
+    _lock_class: type[DeadLock] = _ForgetfulLock
+
+
+@pytest.mark.spec("M-16", "M-18")
+def test_an_engine_that_deadlocks_its_threads_is_reported_not_hung() -> None:
+    engine = Engine("forgetful", type("Forgetful", (Disk,), {"_dead_class": _ForgetfulStore}))
+    process_0 = ((("list", 0),), (("find", 0),))  # two threads, one operation each
+    process_1 = ((("list", 0),),)
+    plan = Plan((process_0, process_1), (0.0, 0.0))
+    violations = check_plan(engine, plan)
+    assert len(violations) == 1 and violations[0].startswith("M-16: deadlock"), violations
+    assert "waits for mutex deadlock.py" in violations[0] and "DeadLock.__init__" in violations[0]
+    assert check_plan(Engine(), plan) == []
