@@ -11,7 +11,10 @@ ends (to completion, cut after a number of steps, one process killed with all it
 at a step, a power loss under a model that meets A-11). ``check_plan`` runs it on the real
 engine with the deterministic scheduler, checks every result against every interleaving
 the real-time order of the operations allows, the stores against the pure model when the
-run completes, and the recovery after it. ``DEFERQ_THREAD_EXAMPLES`` raises the number of
+run completes, and the recovery after it. ``ThreadsMachine`` runs such plans one after
+another on one machine (a ``Session``): each plan's processes adopt the WALs the last
+recovery left, so state carries over kills and power losses. ``DEFERQ_THREAD_EXAMPLES``
+(default 200; the machine runs a fifth as many examples of five plans) raises the number of
 examples (``HYPOTHESIS_PROFILE=soak`` multiplies it by ten). Also here: the real engine's
 lock order seen through the seam (L-7, L-8), and that the check has teeth (a mutant plan).
 """
@@ -23,8 +26,9 @@ import random
 from typing import Final
 
 import pytest
-from hypothesis import given
+from hypothesis import given, note
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from deferq._engine.deadlock import DeadLock
 from deferq._engine.deadstore import DeadTaskStore
@@ -37,6 +41,7 @@ from deferq.crashtest._interleave import (
     OP_KINDS,
     POWER_MODELS,
     Plan,
+    Session,
     check_plan,
     explore_threads,
     random_plan,
@@ -47,7 +52,7 @@ from deferq.crashtest.catalogue.locks import MUTANTS as LOCK_MUTANTS
 
 from tests.stateful.support import machine_settings
 
-EXAMPLES: Final = int(os.environ.get("DEFERQ_THREAD_EXAMPLES", "300"))
+EXAMPLES: Final = int(os.environ.get("DEFERQ_THREAD_EXAMPLES", "200"))
 
 def _uniform_choices(seed: int) -> tuple[int, ...]:
     rng = random.Random(seed)
@@ -80,6 +85,31 @@ plans = st.builds(
 def test_threads_and_processes_agree_with_the_model(plan: Plan, seed: int) -> None:
     violations = check_plan(Engine(), plan, seed=seed)
     assert not violations, "\n".join(violations)
+
+
+class ThreadsMachine(RuleBasedStateMachine):
+    """Plans run one after another on one machine: each plan's processes adopt what the last
+    recovery left, so the dead-task store and the WALs carry over crashes and power losses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session = Session(SimDisk(0))
+
+    @initialize(seed=st.integers(0, 2**32 - 1))
+    def boot(self, seed: int) -> None:
+        note(f"SimDisk seed={seed}")
+        self.session = Session(SimDisk(seed))
+
+    @rule(plan=plans)
+    def concurrent_round(self, plan: Plan) -> None:
+        violations = check_plan(Engine(), plan, session=self.session)
+        assert not violations, "\n".join(violations)
+
+
+TestThreadsMachine = pytest.mark.slow(pytest.mark.spec("M-17", "M-18", "W-27", "D-11")(
+    ThreadsMachine.TestCase))
+TestThreadsMachine.settings = machine_settings(max_examples=max(1, EXAMPLES // 5),
+                                               stateful_step_count=5)
 
 
 @pytest.mark.slow

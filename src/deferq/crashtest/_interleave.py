@@ -75,6 +75,17 @@ class Plan:
 
 
 @dataclass(slots=True)
+class Session:
+    """A machine and its model carried from one plan to the next (a stateful test's rounds):
+    each plan's processes adopt what the previous plan's recovery left (W-27)."""
+
+    sim: SimDisk
+    model: StorageModel = field(default_factory=StorageModel)
+    dead: dict[str, Dead] = field(default_factory=dict)  # the store as last recovered
+    rounds: int = 0
+
+
+@dataclass(slots=True)
 class _Life:
     """One dead task's operations, in logical time (a counter of starts and returns)."""
 
@@ -86,16 +97,21 @@ class _Life:
 class _Run:
     """The run's bookkeeping; touched only by the thread holding the scheduler's turn."""
 
-    def __init__(self, plan: Plan, engine: Engine, sim: SimDisk, scheduler: Scheduler) -> None:
+    def __init__(self, plan: Plan, engine: Engine, session: Session,
+                 scheduler: Scheduler) -> None:
         self.plan = plan
-        self.model = StorageModel()
+        self.session = session
+        self.model = session.model
+        self.tag = f"r{session.rounds}"  # ids are unique across a session's plans
         self.clock = 0
-        self.dead: dict[str, _Life] = {}
-        self.owner: dict[str, int] = {}  # pending task id -> process index
+        # What an earlier plan left was added, in logical time, before anything here (0).
+        self.dead = {i: _Life(value, (0, 0)) for i, value in session.dead.items()}
+        # The first process opened adopts every orphaned WAL (W-27), so every pending task.
+        self.owner: dict[str, int] = dict.fromkeys(self.model.pending(), 0)
         self.pending: dict[str, list[str]] = {}  # thread -> its pending ids, oldest first
         self.violations: list[str] = []
         self.killed: set[int] = set()
-        self.sim = sim
+        self.sim = sim = session.sim
         self.pids: list[int] = []
         self.inners: list[SimEnv] = []
         self.envs: list[ScheduledEnv] = []
@@ -116,7 +132,7 @@ class _Run:
     # ------------------------------------------------------------------ one thread
 
     def run_thread(self, process: int, thread: int) -> None:
-        name = f"p{process}t{thread}"
+        name = f"{self.tag}p{process}t{thread}"
         self.pending[name] = []
         for number, (kind, arg) in enumerate(self.plan.threads[process][thread], 1):
             if kind == "tick":
@@ -160,7 +176,7 @@ class _Run:
         start = self.tick()
         try:
             if kind == "dead_add":
-                task_id = f"d-{name}-{number}"
+                task_id = f"d-{name}-{number}"  # name carries the plan's tag
                 value = Dead(f"x{arg}".encode(), "Job", 1 + arg % 3, name)
                 life = self.dead[task_id] = _Life(value, (start, None))
                 op = model.add_dead(task_id, value)
@@ -270,11 +286,18 @@ class _Run:
                                f"{older!r}, added after it returned (listed {ids})")
 
 
-def check_plan(engine: Engine, plan: Plan, *, seed: int = 0) -> list[str]:
-    """Run ``plan`` on ``engine`` and return every violation found (empty: it passed)."""
-    sim = SimDisk(seed)
+def check_plan(engine: Engine, plan: Plan, *, seed: int = 0,
+               session: Session | None = None) -> list[str]:
+    """Run ``plan`` on ``engine`` and return every violation found (empty: it passed).
+
+    On a fresh machine (``SimDisk(seed)``), or on ``session``'s, which it leaves recovered
+    for the next plan.
+    """
+    session = Session(SimDisk(seed)) if session is None else session
+    session.rounds += 1
+    sim = session.sim
     scheduler = Scheduler(list(plan.choices))
-    run = _Run(plan, engine, sim, scheduler)
+    run = _Run(plan, engine, session, scheduler)
     for process, threads in enumerate(plan.threads):
         for thread in range(len(threads)):
             scheduler.spawn(f"p{process}t{thread}",
@@ -329,20 +352,27 @@ def _check_recovery(run: _Run, engine: Engine, cut: set[int]) -> list[str]:
             continue
         run.disks[process].close()
         model.synced(f"p{process}")
+        sim.kill(pid)
     model.crash(Crash.PROCESS_KILL)
     if run.plan.power is not None:
         name, choice = run.plan.power
         model.crash(Crash.POWER_LOSS)
         sim.power_loss(POWER_MODELS[name], choice)
-    recovered = engine.disk_class(path=PATH, prefix=PREFIX, fsync_frequency=0, env=sim.process())
+    env = sim.process()
+    recovered = engine.disk_class(path=PATH, prefix=PREFIX, fsync_frequency=0, env=env)
     pending = {t.task_id: Pending(t.context, t.publish_at) for t in recovered.pending_tasks()}
     dead = {t.id: Dead(t.context, t.task_class, t.attempts, t.exception_message)
             for t in recovered.list_dead_tasks()}
     out = [f"recovery: {v}" for v in model.check_recovered(pending, dead)]
-    recovered.add_dead_task("d-after", b"", RuntimeError("e"), task_class="Job", attempts=1)
-    if recovered.find_dead_task("d-after") is None:
+    after, value = f"d-after-{run.tag}", Dead(b"", "Job", 1, "e")
+    op = model.add_dead(after, value)
+    recovered.add_dead_task(after, b"", RuntimeError("e"), task_class="Job", attempts=1)
+    model.acked(op)
+    if recovered.find_dead_task(after) is None:
         out.append("recovery: a dead task added after recovery is not found (liveness)")
-    recovered.close()
+    run.session.dead = {**dead, after: value}
+    recovered.close()  # its WAL, holding every pending task, is the next plan's orphan
+    sim.kill(env.getpid())
     return out
 
 
