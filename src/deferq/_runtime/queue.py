@@ -345,7 +345,7 @@ class Queue(DeadTaskApi):
             await journal.commit_written()
         except asyncio.CancelledError:
             _schedule_once_committed(journal, self._scheduler, self._late, task_id, context,
-                                     cls, publish_in)
+                                     cls, publish_in, self._hooks, publish_at)
             raise
         if self._hooks.any:
             self._hooks.enqueued(task_id, context, publish_at)  # Q-101: before it can start
@@ -404,14 +404,18 @@ def _refuse_above_high_water(bp: Backpressure | None, scheduler: Scheduler) -> N
 
 def _schedule_once_committed(journal: Journal, scheduler: Scheduler,
                              late: set[asyncio.Task[None]], task_id: str, context: Context,
-                             cls: type[Task], publish_in: int | None) -> None:
+                             cls: type[Task], publish_in: int | None, hooks: HookSet,
+                             publish_at: int | None) -> None:
     """Implements Q-41: the caller was cancelled after the record was written; the task is
-    still scheduled here once a group commit covers it (not if it fails, D-16)."""
+    still scheduled here once a group commit covers it (not if it fails, D-16), and its hooks
+    told (Q-101)."""
     async def once_committed() -> None:
         try:
             await journal.commit_written()
         except Exception:  # noqa: BLE001 - the WAL is broken (W-22); not scheduled (D-16)
             return
+        if hooks.any:
+            hooks.enqueued(task_id, context, publish_at)
         scheduler.schedule(task_id, context, cls, publish_in)
 
     job = asyncio.ensure_future(once_committed())
