@@ -63,7 +63,7 @@ class Canceller:
             # else: it has not taken its first step; it ends there without running.
         self._journal.remove(task_id)
         log.info("deferred task %s cancelled (it was %s); removed from the WAL", task_id, where)
-        if self._hooks.any:
+        if self._hooks.executions:
             # Implements Q-102: one not begun, or a running one that took its first step
             # (one that did not is reported by the executor when it ends at that step).
             self._hooks.cancelled(task_id, where, context)

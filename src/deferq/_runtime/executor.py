@@ -56,7 +56,7 @@ class Executor:
         self._scheduler = scheduler
         # Lifecycle hooks (Q-100..Q-109); every call behind one bool test.
         self._hooks = HookSet(()) if hooks is None else hooks
-        self._hooked = self._hooks.any
+        self._hooked = self._hooks.executions
         self._journal = journal
         self._registry = registry
         self._codec = codec
@@ -101,7 +101,7 @@ class Executor:
             log.exception("deferred task %s: storage error; it stays in the WAL", task_id)
         finally:
             self.inflight -= 1
-            if self._hooked:
+            if self._hooked and task_id in self._hooks.open:
                 self._hooks.ended(task_id)  # Implements Q-102: after a storage error
             self._maybe_idle()
 
@@ -153,8 +153,8 @@ class Executor:
                             await self._within(cls, cls.timeout, result)
                     except Exception as exc:  # noqa: BLE001 - a failed execution
                         error = exc
-                if self._hooked:
-                    self._hooks.perform_ended(task_id)
+                if error is not None and self._hooked:
+                    self._hooks.perform_ended(task_id)  # (a success's ends at its event)
                 abandoned = self._scheduler.abandoned
                 if abandoned and task_id in abandoned:
                     # Implements Q-35: stop() returned without this execution, which swallowed
@@ -179,7 +179,8 @@ class Executor:
             finally:
                 self.inflight -= 1
         finally:
-            if self._hooked and not was_cancelled and task_id not in self._scheduler.cancelled:
+            if self._hooked and task_id in self._hooks.open and not was_cancelled and (
+                    task_id not in self._scheduler.cancelled):
                 self._hooks.ended(task_id)  # Implements Q-102: no outcome was written
             if self.jobs.get(task_id) is job:
                 del self.jobs[task_id]
@@ -303,7 +304,7 @@ class Executor:
         publish_in = None if pending.publish_at is None else pending.publish_at - now
         self._journal.book.added(pending.task_id, pending.publish_at, context.key)
         self._scheduler.schedule(pending.task_id, context, cls, publish_in)
-        if self._hooked:
+        if self._hooks.replays:
             self._hooks.replayed(pending.task_id, context, pending.publish_at, source)
         return True
 

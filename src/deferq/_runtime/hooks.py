@@ -17,9 +17,10 @@ Rules:
   execution never leaks.
 
 Theory of operation: ``HookSet`` holds one tuple of bound methods per event. The executor
-calls it only behind one ``if self._hooked`` test. ``_open`` maps each execution that
+calls it only behind one ``if self._hooked`` test. ``open`` maps each execution that
 started to (its start time, its context, its class): the duration of its ending event,
-and what ``cancel`` reports for a running task. Events are named tuples, like ``Context``:
+and what ``cancel`` reports for a running task (a success pops it without a helper call).
+Events are named tuples, like ``Context``:
 a frozen dataclass costs three times as much to build, and one is built per event.
 """
 
@@ -39,6 +40,10 @@ from deferq._runtime.serialize import Context
 from deferq._runtime.task import Task
 
 log = logging.getLogger("deferq.hooks")
+_now: Final = time.perf_counter  # bound once: read twice per execution with hooks
+# The hot events are built with the C constructor of their tuple: a named tuple's own
+# ``__new__`` is a Python frame that cost 110 ns more per event (benchmarks: hooks row).
+_build: Final = tuple.__new__
 
 Meta = Mapping[str, str]
 _NO_META: Final[Meta] = types.MappingProxyType({})
@@ -224,7 +229,6 @@ class HookSet:
 
     def __init__(self, hooks: tuple[Hooks, ...]) -> None:
         self.hooks = hooks
-        self.any = bool(hooks)  # the one test the hot paths make (Q-106)
         self.meta = tuple((h, h.enqueue_meta) for h in hooks if _overrides(h, "enqueue_meta"))
         self._enqueued: tuple[Callable[[TaskEnqueued], None], ...] = _calls(hooks, "on_enqueued")
         self._replayed: tuple[Callable[[TaskReplayed], None], ...] = _calls(hooks, "on_replayed")
@@ -239,8 +243,16 @@ class HookSet:
             hooks, "on_cancelled")
         self._interrupted: tuple[Callable[[TaskInterrupted], None], ...] = _calls(
             hooks, "on_interrupted")
-        # Executions that started and have no ending event yet: (start, context, class).
-        self._open: dict[str, tuple[float, Context, type[Task]]] = {}
+        # The one test each hot path makes (Q-106): a queue calls in only for events some
+        # hook listens to.
+        self.enqueues = bool(self._enqueued)
+        self.replays = bool(self._replayed)
+        ending = (self._succeeded, self._retry, self._dead, self._cancelled, self._interrupted)
+        self._track = any(ending)  # executions are timed and held in ``open``
+        self.executions = self._track or bool(self._started)
+        # Executions that started and have no ending event yet: (start, context, class,
+        # started event).
+        self.open: dict[str, tuple[float, Context, type[Task], TaskStarted]] = {}
         self._done: dict[str, float] = {}  # durations of performs that ended (perform_ended)
 
     # ------------------------------------------------------------------ enqueue side
@@ -264,10 +276,19 @@ class HookSet:
             merged = candidate
         return merged or None
 
+    # enqueued, started and succeeded are every task's path: each builds its event and
+    # calls the hooks itself (a helper call per step cost 4 % of a queued no-op task).
     def enqueued(self, task_id: str, context: Context, publish_at: int | None) -> None:
-        if self._enqueued:
-            self._fire(self._enqueued, "on_enqueued", task_id, TaskEnqueued(
-                task_id, context.task, context.attempts + 1, _meta(context), publish_at))
+        calls = self._enqueued
+        if calls:
+            meta = context.meta
+            event = _build(TaskEnqueued, (task_id, context.task, context.attempts + 1, _NO_META
+                           if meta is None else types.MappingProxyType(meta), publish_at))
+            for call in calls:
+                try:
+                    call(event)
+                except Exception:  # noqa: BLE001 - Implements Q-104.
+                    _log_failure(call, "on_enqueued", task_id)
 
     def replayed(self, task_id: str, context: Context, publish_at: int | None,
                  source: ReplaySource) -> None:
@@ -277,31 +298,50 @@ class HookSet:
 
     # ------------------------------------------------------------------ executions
     def started(self, task_id: str, context: Context, cls: type[Task]) -> None:
-        self._open[task_id] = (time.perf_counter(), context, cls)
-        if self._started:
-            self._fire(self._started, "on_started", task_id, TaskStarted(
-                task_id, context.task, context.attempts + 1, _meta(context)))
+        meta = context.meta
+        event = _build(TaskStarted, (task_id, context.task, context.attempts + 1, _NO_META
+                       if meta is None else types.MappingProxyType(meta)))
+        if self._track:
+            self.open[task_id] = (_now(), context, cls, event)
+        calls = self._started
+        if calls:
+            for call in calls:
+                try:
+                    call(event)
+                except Exception:  # noqa: BLE001 - Implements Q-104.
+                    _log_failure(call, "on_started", task_id)
 
     def perform_ended(self, task_id: str) -> None:
         """The perform of an open execution returned or raised: its duration stops here."""
-        opened = self._open.get(task_id)
+        opened = self.open.get(task_id)
         if opened is not None and task_id not in self._done:
-            self._done[task_id] = time.perf_counter() - opened[0]
+            self._done[task_id] = _now() - opened[0]
 
     def _close(self, task_id: str) -> tuple[float, Context, type[Task]] | None:
         """The open execution of ``task_id``, now closed, with its duration first."""
-        opened = self._open.pop(task_id, None)
-        done = self._done.pop(task_id, None)
+        opened = self.open.pop(task_id, None)
+        done = self._done.pop(task_id, None) if self._done else None
         if opened is None:
             return None
-        return (time.perf_counter() - opened[0] if done is None else done), opened[1], opened[2]
+        return (_now() - opened[0] if done is None else done), opened[1], opened[2]
 
     def succeeded(self, task_id: str) -> None:
-        closed = self._close(task_id)
-        if closed is not None and self._succeeded:
-            duration, context, _ = closed
-            self._fire(self._succeeded, "on_succeeded", task_id, TaskSucceeded(
-                task_id, context.task, context.attempts + 1, _meta(context), duration))
+        """A success's removal was written; its duration ends now unless ``perform_ended``
+        stopped it (the removal in between is an unsynced write, microseconds)."""
+        opened = self.open.pop(task_id, None)
+        if opened is None:
+            return
+        done = self._done.pop(task_id, None) if self._done else None
+        calls = self._succeeded
+        if calls:
+            # The started event's fields, then the duration: TaskSucceeded's layout.
+            event = _build(TaskSucceeded, (*opened[3], _now() - opened[0] if done is None
+                                           else done))
+            for call in calls:
+                try:
+                    call(event)
+                except Exception:  # noqa: BLE001 - Implements Q-104.
+                    _log_failure(call, "on_succeeded", task_id)
 
     def retry_scheduled(self, task_id: str, exc: BaseException, delay_s: int) -> None:
         closed = self._close(task_id)
@@ -346,10 +386,6 @@ class HookSet:
             self._fire(self._interrupted, "on_interrupted", task_id, TaskInterrupted(
                 task_id, context.task, context.attempts + 1, _meta(context), duration))
 
-    def holds(self, task_id: str) -> bool:
-        """Whether ``task_id`` has an execution that started and has not ended."""
-        return task_id in self._open
-
     # ------------------------------------------------------------------ dispatch
     @staticmethod
     def _fire(calls: tuple[Callable[[E], None], ...], method: str, task_id: str,
@@ -359,7 +395,13 @@ class HookSet:
             try:
                 call(event)
             except Exception:  # noqa: BLE001 - a hook never changes a task's outcome
-                owner = getattr(call, "__self__", call)
-                log.exception("hook %s.%s raised on task %s; ignored",
-                              type(owner).__qualname__, method, task_id)
+                _log_failure(call, method, task_id)
+
+
+def _log_failure(call: Callable[[E], None], method: str, task_id: str) -> None:
+    """Implements Q-104: one error line naming the hook, the method and the task, with
+    the traceback of the exception being handled."""
+    owner = getattr(call, "__self__", call)
+    log.exception("hook %s.%s raised on task %s; ignored", type(owner).__qualname__, method,
+                  task_id)
 

@@ -347,7 +347,7 @@ class Queue(DeadTaskApi):
             _schedule_once_committed(journal, self._scheduler, self._late, task_id, context,
                                      cls, publish_in, self._hooks, publish_at)
             raise
-        if self._hooks.any:
+        if self._hooks.enqueues:
             self._hooks.enqueued(task_id, context, publish_at)  # before it can start
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
@@ -389,7 +389,7 @@ class Queue(DeadTaskApi):
             if owner is not None:
                 self._journal.sync_written()
                 return owner
-        if self._hooks.any:
+        if self._hooks.enqueues:
             self._hooks.enqueued(task_id, context, publish_at)  # before it can start
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
@@ -414,7 +414,7 @@ def _schedule_once_committed(journal: Journal, scheduler: Scheduler,
             await journal.commit_written()
         except Exception:  # noqa: BLE001 - the WAL is broken (W-22); not scheduled (D-16)
             return
-        if hooks.any:
+        if hooks.enqueues:
             hooks.enqueued(task_id, context, publish_at)
         scheduler.schedule(task_id, context, cls, publish_in)
 
