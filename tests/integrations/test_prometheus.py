@@ -9,6 +9,8 @@ over the ``Memory`` backend (it keeps dead tasks) and a ``ManualClock``.
 from __future__ import annotations
 
 import asyncio
+import logging
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -16,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import deferq
 from deferq._runtime.serialize import Context, encode_context
+from deferq.backends import Disk
 from deferq.integrations.prometheus import PrometheusMetrics
 from deferq.testing import ManualClock, Memory
 from tests.queue.helpers import run, settle
@@ -138,3 +141,18 @@ def test_the_dead_task_count_is_read_at_most_once_per_refresh() -> None:
     fresh_metrics = PrometheusMetrics(fresh, dead_refresh_s=0)
     fresh_metrics.observe(queue)
     assert samples(fresh)[("deferq_dead_tasks", (("queue", "default"),))] == 1
+
+
+@pytest.mark.spec("Q-110")
+def test_a_closed_backend_leaves_out_the_dead_sample_without_failing_the_scrape(
+        storage: Path, caplog: pytest.LogCaptureFixture) -> None:
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry, dead_refresh_s=0)
+    with Disk(path=storage) as disk:
+        metrics.observe(deferq.Queue(disk, registry=REG, hooks=[metrics]), "closed")
+    with caplog.at_level(logging.WARNING, logger="deferq.hooks"):
+        after = samples(registry)
+    assert after[("deferq_queue_running", (("queue", "closed"),))] == 0
+    assert ("deferq_dead_tasks", (("queue", "closed"),)) not in after
+    assert any("cannot count the dead tasks of queue 'closed' (StorageClosedError"
+               in r.getMessage() for r in caplog.records)

@@ -301,15 +301,13 @@ class HookSet:
         meta = context.meta
         event = _build(TaskStarted, (task_id, context.task, context.attempts + 1, _NO_META
                        if meta is None else types.MappingProxyType(meta)))
-        if self._track:
+        for call in self._started:
+            try:
+                call(event)
+            except Exception:  # noqa: BLE001 - Implements Q-104.
+                _log_failure(call, "on_started", task_id)
+        if self._track:  # after the hooks: their time is not the execution's
             self.open[task_id] = (_now(), context, cls, event)
-        calls = self._started
-        if calls:
-            for call in calls:
-                try:
-                    call(event)
-                except Exception:  # noqa: BLE001 - Implements Q-104.
-                    _log_failure(call, "on_started", task_id)
 
     def perform_ended(self, task_id: str) -> None:
         """The perform of an open execution returned or raised: its duration stops here."""
@@ -335,8 +333,8 @@ class HookSet:
         calls = self._succeeded
         if calls:
             # The started event's fields, then the duration: TaskSucceeded's layout.
-            event = _build(TaskSucceeded, (*opened[3], _now() - opened[0] if done is None
-                                           else done))
+            event = _build(TaskSucceeded, opened[3] + (_now() - opened[0] if done is None
+                                                       else done,))
             for call in calls:
                 try:
                     call(event)

@@ -6,7 +6,8 @@ Rules:
 - Counters and the duration histogram are fed by hooks (``Queue(..., hooks=[metrics])``);
   the gauges are read from the queues given to ``observe`` when the registry is scraped,
   so a gauge is never stale and costs nothing between scrapes (Q-110). The dead-task count
-  reads the dead-task store (a stepped read, Q-90), at most once per ``dead_refresh_s``.
+  reads the dead-task store (a stepped read, Q-90), at most once per ``dead_refresh_s``;
+  when it cannot (a closed backend) the sample is left out and a warning logged.
 
 Metric names (with the default ``namespace="deferq"``), labels in braces:
 
@@ -20,6 +21,7 @@ Metric names (with the default ``namespace="deferq"``), labels in braces:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -49,6 +51,8 @@ except ImportError as missing:  # Implements Q-108.
 DEFAULT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                           30.0, 60.0, 120.0, 300.0, 600.0)
 DEFAULT_DEAD_REFRESH_S: Final = 60.0
+
+log = logging.getLogger("deferq.hooks")
 
 
 class PrometheusMetrics(Hooks):
@@ -142,16 +146,25 @@ class _QueueGauges(Collector):
             families["backlog"].add_metric([name], queue.backlog_size)
             families["running"].add_metric([name], queue.running)
             families["delayed"].add_metric([name], queue.delayed)
-            families["dead"].add_metric([name], self._dead_count(name, queue))
+            dead = self._dead_count(name, queue)
+            if dead is not None:
+                families["dead"].add_metric([name], dead)
         yield from families.values()
 
-    def _dead_count(self, name: str, queue: Queue) -> int:
+    def _dead_count(self, name: str, queue: Queue) -> int | None:
+        """The number of dead tasks, or None (logged) when the store cannot be read: a
+        scrape never fails for it (Q-110)."""
         now = time.monotonic()
         with self._lock:
             cached = self._dead.get(name)
         if cached is not None and now - cached[0] < self._dead_refresh_s:
             return cached[1]
-        count = queue.operator.dead_stats()["dead_tasks"]
+        try:
+            count = queue.operator.dead_stats()["dead_tasks"]
+        except Exception as error:  # noqa: BLE001 - a closed or broken backend
+            log.warning("prometheus: cannot count the dead tasks of queue %r (%s: %s); the "
+                        "sample is left out", name, type(error).__name__, error)
+            return None
         assert isinstance(count, int)
         with self._lock:
             self._dead[name] = (now, count)
