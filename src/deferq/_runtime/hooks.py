@@ -1,4 +1,4 @@
-"""Lifecycle hooks: what a queue tells observers about its tasks (spec/queue.md Q-100..Q-109).
+"""Lifecycle hooks: what a queue tells observers about its tasks (spec/queue.md Q-100..Q-106).
 
 Rules:
 - A hook is an instance of a ``Hooks`` subclass that overrides the methods of the events it
@@ -16,12 +16,15 @@ Rules:
   dead-lettered, cancelled or interrupted (Q-102), so a running gauge or a span per
   execution never leaks.
 
-Theory of operation: ``HookSet`` holds one tuple of bound methods per event. The executor
-calls it only behind one ``if self._hooked`` test. ``open`` maps each execution that
-started to (its start time, its context, its class): the duration of its ending event,
-and what ``cancel`` reports for a running task (a success pops it without a helper call).
-Events are named tuples, like ``Context``:
-a frozen dataclass costs three times as much to build, and one is built per event.
+Theory of operation: ``HookSet`` holds one tuple of bound methods per event, and one flag
+per place that calls it (``enqueues``, ``replays``, ``executions``): the queue calls in only
+behind that one test, so a hook that overrides nothing costs nothing. While some hook
+listens to an ending event, ``open`` maps each execution that started to (its start time,
+its context, its class, its started event): the duration of its ending event, what
+``cancel`` reports for a running task, and what ``ended`` finds when no outcome was written.
+Events are named tuples, like ``Context`` (a frozen dataclass costs three times as much to
+build, and one is built per event); the three of every task's path are built with the
+tuple's C constructor (docs/benchmarks.md, the ``hooks`` row).
 """
 
 from __future__ import annotations
