@@ -552,3 +552,32 @@ def test_a_queue_without_hooks_builds_no_event(monkeypatch: pytest.MonkeyPatch) 
     # The poison would have turned the successes into failures: nothing failed but Fails.
     assert memory.pending_tasks() == []
     assert sorted(t.task_class for t in memory.list_dead_tasks()) == ["<unknown>", "hk.Fails"]
+
+
+@pytest.mark.spec("Q-105")
+def test_hooks_are_called_in_the_order_given_each_returning_before_the_next() -> None:
+    calls: list[str] = []
+
+    class Named(Hooks):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_enqueued(self, event: TaskEnqueued) -> None:
+            calls.append(f"{self.name} enqueued")
+
+        def on_started(self, event: TaskStarted) -> None:
+            calls.append(f"{self.name} started")
+
+        def on_succeeded(self, event: TaskSucceeded) -> None:
+            calls.append(f"{self.name} succeeded")
+
+    async def main() -> None:
+        queue, _, _ = _queue(Named("b"), Named("a"))
+        await queue.start()
+        queue.defer(Works, 1)
+        await queue.wait_idle()
+        await queue.stop()
+
+    run(main())
+    assert calls == ["b enqueued", "a enqueued", "b started", "a started", "b succeeded",
+                     "a succeeded"]

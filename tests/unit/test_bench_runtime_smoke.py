@@ -44,7 +44,7 @@ def test_smoke_run_reports_every_row_with_positive_numbers(tmp_path: Path) -> No
         assert positive(rows[key]["ratio"]), key
         assert all(positive(t) for side in rows[key]["times"].values() for t in side), key
     hooks = rows["hooks"]
-    assert set(hooks["ratios"]) == {"idle hook", "1 hook", "4 hooks"}
+    assert set(hooks["ratios"]) == {"idle hook", "outcome hook", "1 hook", "4 hooks"}
     assert all(positive(r) for r in hooks["ratios"].values())
     assert all(positive(t) for side in hooks["times"].values() for t in side)
     assert "delayed tasks" in done.stdout and "thread pool" in done.stdout

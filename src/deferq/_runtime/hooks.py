@@ -255,7 +255,7 @@ class HookSet:
         self.executions = self._track or bool(self._started)
         # Executions that started and have no ending event yet: (start, context, class,
         # started event).
-        self.open: dict[str, tuple[float, Context, type[Task], TaskStarted]] = {}
+        self.open: dict[str, tuple[float, Context, type[Task], TaskStarted | None]] = {}
         self._done: dict[str, float] = {}  # durations of performs that ended (perform_ended)
 
     # ------------------------------------------------------------------ enqueue side
@@ -301,14 +301,17 @@ class HookSet:
 
     # ------------------------------------------------------------------ executions
     def started(self, task_id: str, context: Context, cls: type[Task]) -> None:
-        meta = context.meta
-        event = _build(TaskStarted, (task_id, context.task, context.attempts + 1, _NO_META
-                       if meta is None else types.MappingProxyType(meta)))
-        for call in self._started:
-            try:
-                call(event)
-            except Exception:  # noqa: BLE001 - Implements Q-104.
-                _log_failure(call, "on_started", task_id)
+        event: TaskStarted | None = None  # built only for a listener: 2k instructions each
+        calls = self._started
+        if calls:
+            meta = context.meta
+            event = _build(TaskStarted, (task_id, context.task, context.attempts + 1, _NO_META
+                           if meta is None else types.MappingProxyType(meta)))
+            for call in calls:
+                try:
+                    call(event)
+                except Exception:  # noqa: BLE001 - Implements Q-104.
+                    _log_failure(call, "on_started", task_id)
         if self._track:  # after the hooks: their time is not the execution's
             self.open[task_id] = (_now(), context, cls, event)
 
@@ -335,9 +338,17 @@ class HookSet:
         done = self._done.pop(task_id, None) if self._done else None
         calls = self._succeeded
         if calls:
-            # The started event's fields, then the duration: TaskSucceeded's layout.
-            event = _build(TaskSucceeded, opened[3] + (_now() - opened[0] if done is None
-                                                       else done,))
+            duration = _now() - opened[0] if done is None else done
+            started = opened[3]
+            if started is not None:
+                # The started event's fields, then the duration: TaskSucceeded's layout.
+                event = _build(TaskSucceeded, started + (duration,))
+            else:
+                context = opened[1]
+                meta = context.meta
+                event = _build(TaskSucceeded, (task_id, context.task, context.attempts + 1,
+                                               _NO_META if meta is None
+                                               else types.MappingProxyType(meta), duration))
             for call in calls:
                 try:
                     call(event)
