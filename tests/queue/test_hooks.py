@@ -581,3 +581,40 @@ def test_hooks_are_called_in_the_order_given_each_returning_before_the_next() ->
     run(main())
     assert calls == ["b enqueued", "a enqueued", "b started", "a started", "b succeeded",
                      "a succeeded"]
+
+
+@pytest.mark.spec("Q-101", "Q-41")
+def test_a_cancelled_adefer_still_sends_enqueued_once_its_commit_is_done(
+        storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> tuple[Recorder, str]:
+        recorder = Recorder()
+        with Disk(path=storage, fsync_frequency=0) as disk:
+            gate = threading.Event()
+            real_sync = disk.sync_through
+
+            def held_sync(ticket: int) -> None:
+                gate.wait(HUNG_S)
+                real_sync(ticket)
+
+            monkeypatch.setattr(disk, "sync_through", held_sync)
+            queue = deferq.Queue(disk, registry=REG, hooks=[recorder])
+            await queue.start()
+            caller = asyncio.ensure_future(queue.adefer(Works, 1))
+            for _ in range(5):
+                await asyncio.sleep(0)
+            [written] = disk.pending_tasks()  # written; its commit is held
+            caller.cancel()
+            assert recorder.events == []  # not before its commit
+            gate.set()
+            with pytest.raises(asyncio.CancelledError):
+                await caller
+            deadline = time.monotonic() + HUNG_S
+            while "succeeded" not in recorder.names():
+                assert time.monotonic() < deadline, recorder.names()
+                await asyncio.sleep(0.01)
+            assert await queue.stop(timeout=1)
+            return recorder, written.task_id
+
+    recorder, task_id = run(main())
+    assert recorder.names() == ["enqueued", "started", "succeeded"]
+    assert {event.task_id for _, event in recorder.events} == {task_id}
