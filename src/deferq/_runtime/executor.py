@@ -54,7 +54,7 @@ class Executor:
                  codec: ContextCodec, clock: Clock, rng: random.Random, pool: SyncPool,
                  deps: object = None, hooks: HookSet | None = None) -> None:
         self._scheduler = scheduler
-        # Lifecycle hooks (Q-100..Q-109); every call behind one bool test.
+        # Lifecycle hooks (Q-100..Q-106); every call behind one bool test.
         self._hooks = HookSet(()) if hooks is None else hooks
         self._hooked = self._hooks.executions
         self._journal = journal
