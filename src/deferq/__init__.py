@@ -22,6 +22,18 @@ from deferq._runtime.book import TaskStatus
 from deferq._runtime.backpressure import Backpressure
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.errors import PushTimeout, TaskTimeoutError, UnloadableTaskError
+from deferq._runtime.hooks import (
+    Hooks,
+    ReplaySource,
+    TaskCancelled,
+    TaskDeadLettered,
+    TaskEnqueued,
+    TaskInterrupted,
+    TaskReplayed,
+    TaskRetryScheduled,
+    TaskStarted,
+    TaskSucceeded,
+)
 from deferq._runtime.jsontypes import JsonTypes
 from deferq._runtime.options import ConfiguredTask
 from deferq._runtime.serialize import ContextCodec, ContextError, SerializationError
@@ -40,6 +52,7 @@ __all__ = [
     "DeferqError",
     "DepsTypeError",
     "DiskOptions",
+    "Hooks",
     "JsonTypes",
     "LimitExceededError",
     "NotATaskError",
@@ -48,15 +61,24 @@ __all__ = [
     "PushTimeout",
     "QueueStateError",
     "Queue",
+    "ReplaySource",
     "Retried",
     "SerializationError",
     "StorageBrokenError",
     "StorageClosedError",
     "SystemClock",
     "Task",
+    "TaskCancelled",
+    "TaskDeadLettered",
+    "TaskEnqueued",
     "TaskFunction",
+    "TaskInterrupted",
     "TaskNotRegisteredError",
     "TaskRegistry",
+    "TaskReplayed",
+    "TaskRetryScheduled",
+    "TaskStarted",
+    "TaskSucceeded",
     "TaskTimeoutError",
     "TaskStatus",
     "UnloadableTaskError",
