@@ -893,21 +893,37 @@ def test_a_task_handed_to_the_dead_store_is_dead_and_no_longer_pending_after_reo
         assert [t.task_id for t in disk.pending_tasks()] == [other]
 
 
-@pytest.mark.spec("S-6", "R-@G", "D-14")
-def test_offset_skips_ids_without_decoding_and_bad_payloads_count_toward_it(storage: Path) -> None:
-    with Disk(path=storage, fsync_frequency=0) as disk:
-        for name in ("a", "b"):
-            disk.add_dead_task(name, b"", RuntimeError(name), task_class="T", attempts=1)
-        data = storage / "deferred-dead_tasks-0"
-        with data.open("ab") as f:
-            f.write(frame(b'dead_task:bad:{"not":"a dead task"}'))  # valid frame, bad JSON
-        disk.add_dead_task("c", b"", RuntimeError("c"), task_class="T", attempts=1)
-        # Newest first: c, bad (undecodable), b, a.
-        assert [t.id for t in disk.list_dead_tasks()] == ["c", "b", "a"]
-        assert [t.id for t in disk.list_dead_tasks(offset=1, limit=1)] == ["b"]
-        assert [t.id for t in disk.list_dead_tasks(offset=2)] == ["b", "a"]
-        assert [t.id for t in disk.list_dead_tasks(offset=3)] == ["a"]
+def _pages(disk: Disk, size: int) -> list[list[str]]:
+    pages: list[list[str]] = []
+    while True:
+        page = [t.id for t in disk.list_dead_tasks(offset=size * len(pages), limit=size)]
+        if not page:
+            return pages
+        pages.append(page)
 
+
+@pytest.mark.spec("S-6", "S-33", "S-34", "R-@G", "D-14")
+def test_offset_pages_partition_the_decodable_tasks_whatever_undecodable_lines_sit_between(
+        storage: Path) -> None:
+    names = [f"t{n}" for n in range(9)]
+    with Disk(path=storage, fsync_frequency=0) as disk:
+        for n, name in enumerate(names):
+            disk.add_dead_task(name, b"", RuntimeError(name), task_class="T", attempts=1)
+            if n % 3 != 2:  # undecodable records (valid frame, bad JSON) between the tasks
+                with (storage / "deferred-dead_tasks-0").open("ab") as f:
+                    f.write(frame(b'dead_task:bad%d:{"not":"a dead task"}' % n))
+    newest_first = names[::-1]
+    for size in range(1, 11):
+        with Disk(path=storage, fsync_frequency=0) as disk:  # a fresh Disk pages by scan
+            scanned = _pages(disk, size)
+            assert disk.list_dead_tasks() == disk.list_dead_tasks()  # builds the index
+            indexed = _pages(disk, size)  # then pages through the index (S-11)
+        for pages in (scanned, indexed):
+            assert [name for page in pages for name in page] == newest_first, (size, pages)
+            assert all(len(page) == size for page in pages[:-1])
+    with Disk(path=storage, fsync_frequency=0) as disk:
+        assert [t.id for t in disk.list_dead_tasks(offset=1, limit=1)] == ["t7"]
+        assert [t.id for t in disk.list_dead_tasks(offset=9)] == []
 
 
 @pytest.mark.spec("R-@K", "D-5", "S-6")

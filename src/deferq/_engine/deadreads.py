@@ -160,11 +160,14 @@ class DeadReads:
         stop = 0  # a scan that does not fill the page reads the whole file
         reader = RecordReader(index, self._env, fd)
         everything = len(index.offs)
-        for position in index.newest(offset):
+        skip = offset
+        for position in index.newest(0):
             task = decode_dead_record(index.ids[position], reader.read(
-                position, everything if limit is None else limit - len(out)))
+                position, everything if limit is None else limit + skip - len(out)))
             if isinstance(task, BadLine):
                 undecodable.append(index.ids[position])
+            elif skip:
+                skip -= 1  # S-33: the offset counts decodable tasks only
             else:
                 out.append(task)
                 if limit is not None and len(out) >= limit:
@@ -218,8 +221,8 @@ class DeadReads:
                            limit: int | None) -> list[DeadTask]:
         """Up to ``limit`` decoded tasks newest first, read backwards in chunks under the lock.
 
-        The first ``offset`` distinct ids (latest records with a valid frame) are
-        skipped checking only their frame and id, so only their ids are held (D-14).
+        The first ``offset`` decodable tasks (latest records) are decoded and dropped,
+        so only their ids are held (D-14, S-33).
         Stops reading as soon as it has ``limit`` tasks.
         """
         out: list[DeadTask] = []

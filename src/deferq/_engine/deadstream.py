@@ -2,8 +2,9 @@
 S-6, S-27..S-30, L-6).
 
 Rules: ``newest_first`` is the one scan of the data file's lines from its newest end: it
-keeps each id once at its latest record (R-@H), skips ``offset`` ids checking only their
-frame and id (S-6: no payload is decoded), decodes the rest and counts damage as S-7
+keeps each id once at its latest record (R-@H, checked before R-@G: an older record is
+never decoded), decodes each latest record and skips the first ``offset`` that decode
+(S-33: an undecodable record never counts toward the offset), and counts damage as S-7
 says. It is fed blocks of the file, newest first, by whoever holds the right to read
 them: the store's ``list`` reads them under one lock hold (S-6), ``SteppedBlocks`` in
 steps, each under the locks for at most ``DEAD_READ_STEP_BYTES`` (S-27, L-6).
@@ -97,9 +98,6 @@ def newest_first(blocks: Iterator[Block], end: int, tally: Tally) -> Iterator[De
                 if raw_id in seen:
                     continue
                 seen.add(raw_id)
-                if tally.skip:
-                    tally.skip -= 1
-                    continue
                 task_id = raw_id.decode("ascii")
                 task = decode_dead_record(task_id, data[ID_START + len(raw_id) + 1:])
             else:
@@ -113,12 +111,11 @@ def newest_first(blocks: Iterator[Block], end: int, tally: Tally) -> Iterator[De
                 if key in seen:
                     continue
                 seen.add(key)
-                if tally.skip:
-                    tally.skip -= 1
-                    continue
                 task = decode_dead_payload(framed)
             if isinstance(task, BadLine):
                 tally.undecodable.append(task_id)
+            elif tally.skip:
+                tally.skip -= 1  # S-33: the offset counts decodable tasks only
             else:
                 yield task
 
