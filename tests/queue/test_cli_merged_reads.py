@@ -116,3 +116,23 @@ def test_dead_list_offset_pages_partition_through_a_real_cli(tmp_path: Path) -> 
                        "--offset", str(offset), "--limit", "3")
         seen.extend(row["id"] for row in page)
     assert seen == names[::-1]
+
+
+@pytest.mark.spec("S-35", "R-@G", "R-@H", "Q-17")
+def test_verify_counts_r_g_as_listings_do_on_every_corpus_case(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    differing = 0
+    for case in CASES:
+        store = tmp_path / case.name
+        store.mkdir()
+        expected = materialize(case, store)
+        (store / "expected.json").unlink(missing_ok=True)
+        status = main(["verify", "--json", "--path", str(store), "--prefix", expected["prefix"]])
+        out, _ = capsys.readouterr()
+        if status == 5:
+            continue
+        files = json.loads(out)["files"]
+        counted = sum(f["faults"].get("R-@G", 0) for f in files if f["kind"] == "dead")
+        assert counted == expected["damage"]["dead"].get("R-@G", 0), case.name
+        differing += counted > 0
+    assert differing >= 4  # the R-@G cases were really checked
