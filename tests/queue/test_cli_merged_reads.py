@@ -75,7 +75,7 @@ def test_pending_list_and_stats_merge_the_files_as_recovery_does(case: Any,
     assert report["wal_damaged_lines"] == sum(expected["damage"]["wal"].values())
 
 
-@pytest.mark.spec("W-42", "W-43")
+@pytest.mark.spec("W-42", "W-43", "W-44")
 def test_pending_list_agrees_with_every_corpus_case(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     checked = 0

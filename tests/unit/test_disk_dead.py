@@ -425,7 +425,7 @@ def test_an_id_written_twice_is_listed_once_at_its_latest_position(storage: Path
         assert found is not None and found.context == b"second" and found.attempts == 2
 
 
-@pytest.mark.spec("S-6")
+@pytest.mark.spec("S-6", "S-37")
 def test_limit_zero_returns_nothing_without_reading(storage: Path) -> None:
     env = RecordingEnv()
     with open_disk(storage, env) as disk:
@@ -437,7 +437,7 @@ def test_limit_zero_returns_nothing_without_reading(storage: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.spec("S-6", "D-14")
+@pytest.mark.spec("S-6", "S-36", "D-14")
 def test_reading_the_newest_records_of_a_large_store_reads_only_its_end(storage: Path) -> None:
     storage.mkdir()
     count = 20_000
