@@ -58,7 +58,7 @@ def backward_lines(data: bytes, line_bytes_max: int | None = None) -> list[RawLi
 
 
 def reference_list(data: bytes, offset: int, limit: int | None) -> Outcome:
-    """The scanning ``list`` before the index (S-6, S-7), on a file's bytes."""
+    """The scanning ``list`` before the index (S-6, S-7, S-33), on a file's bytes."""
     out = Outcome([], 0)
     seen: set[str] = set()
     for raw in backward_lines(data):
@@ -67,12 +67,11 @@ def reference_list(data: bytes, offset: int, limit: int | None) -> Outcome:
         if framed is None or framed.task_id in seen:
             continue
         seen.add(framed.task_id)
-        if offset:
-            offset -= 1
-            continue
         task = _decode_dead_exact(framed)  # the decoder before its fast path
         if isinstance(task, BadLine):
             out.undecodable.append(framed.task_id)
+        elif offset:
+            offset -= 1  # S-33: only decodable tasks count toward the offset
         else:
             out.tasks.append(task)
         if limit is not None and len(out.tasks) >= limit:

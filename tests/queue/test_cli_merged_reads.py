@@ -62,7 +62,7 @@ def test_pending_list_and_stats_merge_the_files_as_recovery_does(case: Any,
                                                                    tmp_path: Path) -> None:
     store = tmp_path / "store"
     store.mkdir()
-    expected = materialize(case, store)
+    expected: Any = materialize(case, store)
     prefix = expected["prefix"]
     rows = _deferq("pending", "list", "--json", "--path", str(store), "--prefix", prefix)
     wanted = _pending(expected["pending"])
@@ -82,7 +82,7 @@ def test_pending_list_agrees_with_every_corpus_case(tmp_path: Path,
     for case in CASES:
         store = tmp_path / case.name
         store.mkdir()
-        expected = materialize(case, store)
+        expected: Any = materialize(case, store)
         status = main(["pending", "list", "--json", "--path", str(store),
                        "--prefix", expected["prefix"]])
         out, _ = capsys.readouterr()
@@ -125,7 +125,7 @@ def test_verify_counts_r_g_as_listings_do_on_every_corpus_case(
     for case in CASES:
         store = tmp_path / case.name
         store.mkdir()
-        expected = materialize(case, store)
+        expected: Any = materialize(case, store)
         (store / "expected.json").unlink(missing_ok=True)
         status = main(["verify", "--json", "--path", str(store), "--prefix", expected["prefix"]])
         out, _ = capsys.readouterr()

@@ -118,6 +118,8 @@ class DeadIndex:
         self.ids: list[str] = []
         self.latest: dict[str, int] = {}  # id -> position in offs/lens/ids
         self.stale = 0  # positions superseded by a later record of the same id (R-@H)
+        self.decoded_below = 0  # latest records at positions below this were decoded (S-33)
+        self.undecodable: set[int] = set()  # those of them whose JSON does not decode (R-@G)
         self.damage: list[Damage] = []
         self.damage_keys: list[int] = []
         self.check_start = 0  # the bytes [check_start, end) are checked by usable()

@@ -161,11 +161,19 @@ class DeadReads:
         reader = RecordReader(index, self._env, fd)
         everything = len(index.offs)
         skip = offset
+        known, bad = index.decoded_below, index.undecodable
         for position in index.newest(0):
+            if skip and position < known:  # decoded by an earlier listing: no read (S-11)
+                if position in bad:
+                    undecodable.append(index.ids[position])
+                else:
+                    skip -= 1
+                continue
             task = decode_dead_record(index.ids[position], reader.read(
                 position, everything if limit is None else limit + skip - len(out)))
             if isinstance(task, BadLine):
                 undecodable.append(index.ids[position])
+                bad.add(position)
             elif skip:
                 skip -= 1  # S-33: the offset counts decodable tasks only
             else:
@@ -173,6 +181,8 @@ class DeadReads:
                 if limit is not None and len(out) >= limit:
                     stop = index.key(position)
                     break
+        else:
+            index.decoded_below = len(index.offs)  # every latest record was met
         corrupt = (1 if size > index.end else 0) + sum(
             damage.faults for damage in index.damage_from(stop))
         self._report(corrupt, undecodable)
