@@ -37,9 +37,11 @@ def _cli_rows(rows: list[dict[str, Any]]) -> list[tuple[str, int | None, str]]:
     out = []
     for row in rows:
         context = row["context"]
-        raw = (base64.b64decode(context["base64"]) if "base64" in context
-               else context["text"].encode("utf-8") if "text" in context
-               else json.dumps(context["json"], separators=(",", ":")).encode())
+        # base64 of the bytes, or JSON whose compact dump is exactly the bytes.
+        raw = (base64.b64decode(context["base64"]) if context["encoding"] == "base64"
+               else json.dumps(context["json"], separators=(",", ":"),
+                               ensure_ascii=False).encode("utf-8"))
+        assert len(raw) == context["bytes"]
         out.append((row["id"], row["publish_at"], base64.b64encode(raw).decode("ascii")))
     return out
 
