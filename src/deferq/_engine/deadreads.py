@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from deferq._core.deadcodec import decode_dead_payload, decode_dead_record
@@ -162,7 +162,12 @@ class DeadReads:
         everything = len(index.offs)
         skip = offset
         known, bad = index.decoded_below, index.undecodable
-        for position in index.newest(0):
+        jump = index.skip_decoded(skip) if skip else None
+        positions: Iterable[int] = index.newest(0)
+        if jump is not None:
+            undecodable.extend(index.ids[p] for p in jump[1])
+            positions, skip = range(jump[0], -1, -1), 0
+        for position in positions:
             if skip and position < known:  # decoded by an earlier listing: no read (S-11)
                 if position in bad:
                     undecodable.append(index.ids[position])
