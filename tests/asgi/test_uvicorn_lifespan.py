@@ -164,6 +164,15 @@ class Traffic:
             time.sleep(0.01)
 
 
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux /proc), e.g. uvicorn's workers."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(c) for c in text.split()]
+
+
 def _ledger(tmp: Path) -> list[tuple[str, int]]:
     path = tmp / "ledger.txt"
     if not path.exists():
@@ -236,15 +245,14 @@ def _run_scenario(tmp: Path, *, two_servers: bool) -> None:
     finally:
         traffic.stop.set()
         for server in servers:
-            if server.proc.poll() is None:
+            if server.proc.poll() is None:  # a failed run: its workers first, then uvicorn
+                for pid in _children(server.proc.pid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 server.proc.kill()
                 server.proc.wait(10)
-        if not two_servers:  # uvicorn's worker processes, should any outlive their parent
-            for pid in set(traffic.acked.values()):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
     with Disk(path=tmp / "storage") as disk:  # claims any WAL left behind: there is none
         assert disk.pending_tasks() == []
         assert disk.list_dead_tasks(limit=10) == []
