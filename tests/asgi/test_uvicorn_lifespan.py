@@ -206,7 +206,7 @@ def _run_scenario(tmp: Path, *, two_servers: bool) -> None:
                      >= ACKS_AFTER_KILL and len(traffic.acked) >= acked_at_kill + ACKS_AFTER_KILL,
                      "acknowledged orders after the kill")
         traffic.finish()
-        Q-115: every acknowledged order ran, also those only the
+        # every acknowledged order ran, also those only the
         # killed worker held (its WAL adopted by a survivor's sweep, or by uvicorn's
         # replacement worker at its start).
         deadline = time.monotonic() + DEADLINE_S
