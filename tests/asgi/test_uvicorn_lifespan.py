@@ -276,3 +276,17 @@ def test_the_docs_show_the_example_app_verbatim() -> None:
     doc = (ROOT / "docs" / "asgi.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     assert APP.read_text() in blocks, "docs/asgi.md must show src/deferq/_demos/asgi_app.py"
+
+
+@pytest.mark.spec("Q-115")
+def test_a_bad_sweep_interval_stops_uvicorn_naming_the_variable(tmp_path: Path) -> None:
+    env = {**os.environ, "DEFERQ_PATH": str(tmp_path / "storage"),
+           "DEFERQ_SWEEP_INTERVAL": "soon", "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [sys.executable, "-m", "uvicorn", "deferq._demos.asgi_app:app", "--host", "127.0.0.1",
+         "--port", str(_free_port())],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "DEFERQ_SWEEP_INTERVAL must be a number of seconds, got 'soon'")
+    assert "Traceback" not in done.stderr

@@ -23,10 +23,20 @@ from starlette.routing import Route
 import deferq
 from deferq.backends import Disk
 
+
+def env_seconds(name: str, default: float) -> float:
+    """A number of seconds from the environment; a bad value stops the start, naming it."""
+    text = os.environ.get(name)
+    try:
+        return default if text is None else float(text)
+    except ValueError:
+        raise SystemExit(f"{name} must be a number of seconds, got {text!r}") from None
+
+
 TASKS = deferq.TaskRegistry()
 STORAGE = os.environ.get("DEFERQ_PATH", "storage")
 LEDGER = os.environ.get("ORDERS_LEDGER", "ledger.txt")
-SWEEP_INTERVAL_S = float(os.environ.get("DEFERQ_SWEEP_INTERVAL", "2.0"))
+SWEEP_INTERVAL_S = env_seconds("DEFERQ_SWEEP_INTERVAL", 2.0)  # how often orphans are adopted
 
 
 @deferq.task(name="orders.record", registry=TASKS)
