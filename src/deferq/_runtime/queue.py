@@ -361,7 +361,7 @@ class Queue(DeadTaskApi):
         # Implements Q-65: the record keeps when the task was first enqueued.
         # Implements Q-66: ``meta`` is checked before anything is stored; users give it as
         # the task's ``options(meta=...)``.
-        checked = check_meta(meta)
+        checked = None if meta is None else check_meta(meta)  # (no call in the common case)
         if self._hooks.meta:
             checked = self._hooks.add_meta(cls.task_name, checked)
         context = Context(cls.task_name, args, kwargs, 0, key, enqueue_time(self.clock.time()),
