@@ -29,7 +29,6 @@ and the set of ids met; never the records already returned.
 from __future__ import annotations
 
 import contextlib
-import logging
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -49,8 +48,9 @@ from deferq._core.recovery import RawLine
 from deferq._core.types import DeadTask
 from deferq._engine.deadindex import DEAD_BODY_PREFIX, ID_START, clean_id, dead_line
 from deferq._engine.env import Env, OpenFlag
+from deferq._engine.lazylog import Log
 
-log = logging.getLogger("deferq")
+log = Log("deferq")  # logging itself on the first message (lazylog.py)
 
 Block = tuple[int, bytes]  # (offset, bytes): a piece of the data file, fed newest first
 
