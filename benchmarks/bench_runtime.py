@@ -18,6 +18,11 @@ Rows:
   above N (nothing ever waits for a slot): the overhead of the limit; target <= 5 %.
 - ``sync_pool``: N plain (sync) no-op tasks run in the thread pool (the default) against the
   same tasks run inline on the loop (``inline=True``): what the pool costs per task.
+- ``hooks``: the ``concurrency`` row's tasks with one idle hook (a ``Hooks`` that overrides
+  nothing: no event is built, Q-106), one outcome hook (``on_succeeded`` only: one event per
+  task), and 1 and 4 no-op hooks that override every event method (so every event is built and
+  delivered: enqueued, started, succeeded), against the same run without hooks: the overhead
+  of hooks; target <= 5 %.
 
 The repetitions of each row alternate its two sides; ratios are medians of per-repetition
 ratios. Only ratios of one run mean anything. One JSON line per run goes to ``--json-out``
@@ -42,7 +47,9 @@ import tracemalloc
 from collections.abc import Callable
 from typing import ClassVar, Final
 
-from deferq import Queue, Task, TaskRegistry
+from deferq import Hooks, Queue, Task, TaskRegistry
+from deferq import (TaskCancelled, TaskDeadLettered, TaskEnqueued, TaskInterrupted,
+                    TaskReplayed, TaskRetryScheduled, TaskStarted, TaskSucceeded)
 from deferq.backends import Disk
 from deferq._runtime.clock import SystemClock
 
@@ -51,6 +58,7 @@ MB: Final = 1024 * 1024
 DELAYED_TARGET_BYTES: Final = 50 * MB
 STOP_TARGET_S: Final = 0.5
 CONCURRENCY_TARGET: Final = 1.05
+HOOKS_TARGET: Final = 1.05
 DEFAULT_JSON_OUT: Final = os.path.join(os.path.dirname(__file__), "runtime.jsonl")
 
 
@@ -80,6 +88,42 @@ class InlineNoop(Task, name="bench.inline_noop", registry=REGISTRY, inline=True)
 
     def perform(self, number: int) -> None:
         InlineNoop.done += 1
+
+
+class NoopHooks(Hooks):
+    """A hook that listens to every event and does nothing with it."""
+
+    def on_enqueued(self, event: TaskEnqueued) -> None:
+        pass
+
+    def on_replayed(self, event: TaskReplayed) -> None:
+        pass
+
+    def on_started(self, event: TaskStarted) -> None:
+        pass
+
+    def on_succeeded(self, event: TaskSucceeded) -> None:
+        pass
+
+    def on_retry_scheduled(self, event: TaskRetryScheduled) -> None:
+        pass
+
+    def on_dead_lettered(self, event: TaskDeadLettered) -> None:
+        pass
+
+    def on_cancelled(self, event: TaskCancelled) -> None:
+        pass
+
+    def on_interrupted(self, event: TaskInterrupted) -> None:
+        pass
+
+
+class OutcomeHooks(Hooks):
+    """A hook that listens to one event per task here, its ending one (as an outcome counter
+    would)."""
+
+    def on_succeeded(self, event: TaskSucceeded) -> None:
+        pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,11 +231,14 @@ def row_delayed(sizes: Sizes, scratch: str) -> dict[str, object]:
 # ----------------------------------------------------------------------------- executions
 
 
-async def _run_n(path: str, cls: type[Task], n: int, max_concurrency: int | None = None
-                 ) -> float:
+async def _run_n(path: str, cls: type[Task], n: int, max_concurrency: int | None = None,
+                 hooks: int = 0) -> float:
     disk = Disk(path=path)
     try:
-        queue = (Queue(disk, registry=REGISTRY) if max_concurrency is None
+        # hooks: N no-op hooks on every event; -1 one idle hook; -2 one outcome hook.
+        with_hooks = ([NoopHooks() for _ in range(hooks)] if hooks >= 0
+                      else [Hooks()] if hooks == -1 else [OutcomeHooks()])
+        queue = (Queue(disk, registry=REGISTRY, hooks=with_hooks) if max_concurrency is None
                  else Queue(disk, registry=REGISTRY, max_concurrency=max_concurrency))
         await queue.start()
         start = time.perf_counter()
@@ -269,8 +316,35 @@ def row_sync_pool(sizes: Sizes, scratch: str) -> dict[str, object]:
     return {"key": "sync_pool", "n": n, "times": times, "ratio": ratio}
 
 
+def row_hooks(sizes: Sizes, scratch: str) -> dict[str, object]:
+    n = sizes.concurrency
+    path = os.path.join(scratch, "hooks")
+
+    def side(hooks: int) -> Callable[[], float]:
+        def once() -> float:
+            AsyncNoop.done = 0
+            per_task = asyncio.run(_run_n(path, AsyncNoop, n, hooks=hooks))
+            if AsyncNoop.done != n:
+                raise AssertionError(f"hooks: {AsyncNoop.done} of {n} ran")
+            return per_task
+        return once
+
+    sides = {"none": side(0), "idle hook": side(-1), "outcome hook": side(-2),
+             "1 hook": side(1), "4 hooks": side(4)}
+    times = _alternate(sizes, sides)
+    ratios = {name: _ratio(times, name, "none") for name in list(sides)[1:]}
+    verdicts = {name: "meets" if r <= HOOKS_TARGET else "misses" for name, r in ratios.items()}
+    print(f"async tasks ({n:,}), hooks vs none ({statistics.median(times['none']) * 1e6:.1f} "
+          "us/task): " + "; ".join(
+              f"{name} {statistics.median(times[name]) * 1e6:.1f} us/task, ratio "
+              f"{ratios[name]:.3f} ({verdicts[name]})" for name in ratios)
+          + f" | target <= {HOOKS_TARGET:.2f}; 'N hook(s)' listen to every event", flush=True)
+    return {"key": "hooks", "n": n, "times": times, "ratios": ratios, "verdicts": verdicts}
+
+
 ROWS: Final[dict[str, Callable[[Sizes, str], dict[str, object]]]] = {
     "delayed": row_delayed, "concurrency": row_concurrency, "sync_pool": row_sync_pool,
+    "hooks": row_hooks,
 }
 
 

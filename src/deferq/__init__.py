@@ -39,6 +39,16 @@ if TYPE_CHECKING:
     from deferq._runtime.errors import PushTimeout
     from deferq._runtime.errors import TaskTimeoutError
     from deferq._runtime.errors import UnloadableTaskError
+    from deferq._runtime.hooks import Hooks
+    from deferq._runtime.hooks import ReplaySource
+    from deferq._runtime.hooks import TaskCancelled
+    from deferq._runtime.hooks import TaskDeadLettered
+    from deferq._runtime.hooks import TaskEnqueued
+    from deferq._runtime.hooks import TaskInterrupted
+    from deferq._runtime.hooks import TaskReplayed
+    from deferq._runtime.hooks import TaskRetryScheduled
+    from deferq._runtime.hooks import TaskStarted
+    from deferq._runtime.hooks import TaskSucceeded
     from deferq._runtime.jsontypes import JsonTypes
     from deferq._runtime.options import ConfiguredTask
     from deferq._runtime.serialize import ContextCodec
@@ -65,6 +75,7 @@ _MODULE_OF: Final = {
     "DeferqError": "deferq._core.errors",
     "DepsTypeError": "deferq._core.errors",
     "DiskOptions": "deferq._runtime.config",
+    "Hooks": "deferq._runtime.hooks",
     "JsonTypes": "deferq._runtime.jsontypes",
     "LimitExceededError": "deferq._core.errors",
     "NotATaskError": "deferq._core.errors",
@@ -73,16 +84,25 @@ _MODULE_OF: Final = {
     "PushTimeout": "deferq._runtime.errors",
     "Queue": "deferq._runtime.queue",
     "QueueStateError": "deferq._core.errors",
+    "ReplaySource": "deferq._runtime.hooks",
     "Retried": "deferq._runtime.operator",
     "SerializationError": "deferq._runtime.serialize",
     "StorageBrokenError": "deferq._core.errors",
     "StorageClosedError": "deferq._core.errors",
     "SystemClock": "deferq._runtime.clock",
     "Task": "deferq._runtime.task",
+    "TaskCancelled": "deferq._runtime.hooks",
+    "TaskDeadLettered": "deferq._runtime.hooks",
+    "TaskEnqueued": "deferq._runtime.hooks",
     "TaskFunction": "deferq._runtime.task",
+    "TaskInterrupted": "deferq._runtime.hooks",
     "TaskNotRegisteredError": "deferq._core.errors",
     "TaskRegistry": "deferq._runtime.task",
+    "TaskReplayed": "deferq._runtime.hooks",
+    "TaskRetryScheduled": "deferq._runtime.hooks",
+    "TaskStarted": "deferq._runtime.hooks",
     "TaskStatus": "deferq._runtime.book",
+    "TaskSucceeded": "deferq._runtime.hooks",
     "TaskTimeoutError": "deferq._runtime.errors",
     "UnloadableTaskError": "deferq._runtime.errors",
     "task": "deferq._runtime.task",
@@ -116,6 +136,7 @@ __all__ = [
     "DeferqError",
     "DepsTypeError",
     "DiskOptions",
+    "Hooks",
     "JsonTypes",
     "LimitExceededError",
     "NotATaskError",
@@ -124,15 +145,24 @@ __all__ = [
     "PushTimeout",
     "QueueStateError",
     "Queue",
+    "ReplaySource",
     "Retried",
     "SerializationError",
     "StorageBrokenError",
     "StorageClosedError",
     "SystemClock",
     "Task",
+    "TaskCancelled",
+    "TaskDeadLettered",
+    "TaskEnqueued",
     "TaskFunction",
+    "TaskInterrupted",
     "TaskNotRegisteredError",
     "TaskRegistry",
+    "TaskReplayed",
+    "TaskRetryScheduled",
+    "TaskStarted",
+    "TaskSucceeded",
     "TaskTimeoutError",
     "TaskStatus",
     "UnloadableTaskError",

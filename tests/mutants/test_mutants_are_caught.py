@@ -5,8 +5,10 @@ storage bug they are meant to (a crash suite that passes a broken engine proves
 nothing). Method: for each entry of ``src/deferq/crashtest/catalogue.py`` run
 ``deferq.crashtest._mutants.check_mutant``: the mutant's focused workloads through the
 bounded-exhaustive exploration (every crash point, process kill and every crash state
-of the three persistence models, CI bound), or its targeted two-thread / two-process
-scenario; it must report at least one violation, and the real engine, run on exactly
+of the three persistence models, CI bound), its targeted two-thread / two-process
+scenario, or the generic exploration of random plans of threads and processes
+interleaved at syscalls and locks (``_interleave``, M-18: the lock-order mutants have
+no scenario of their own); it must report at least one violation, and the real engine, run on exactly
 the same workloads or scenario, none.
 """
 
@@ -35,6 +37,8 @@ SPEC = {
     "group-commit-late-target": ("D-15",),
     "index-trusts-size": ("S-10", "D-11"),
     "sweep-unlinks-before-sync": ("D-21", "W-32"),
+    "mutex-released-before-flock": ("L-8", "D-11"),
+    "flock-before-mutex": ("L-7", "D-11"),
 }
 
 
@@ -44,12 +48,13 @@ def test_the_catalogue_has_every_required_mutant_and_each_says_what_catches_it()
     assert set(names) == set(SPEC)
     for mutant in MUTANTS:
         assert mutant.breaks and mutant.caught_by
-        assert bool(mutant.workloads) != (mutant.scenario is not None), mutant.name
+        kinds = [bool(mutant.workloads), mutant.scenario is not None, mutant.threads > 0]
+        assert kinds.count(True) == 1, mutant.name
 
 
 @pytest.mark.slow
 @pytest.mark.spec("D-2", "D-3", "D-5", "D-6", "D-7", "D-8", "D-9", "D-10", "D-11", "D-12", "D-13",
-                  "D-21")
+                  "D-21", "L-7", "L-8", "M-18")
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_mutant_is_caught_and_the_real_engine_passes(mutant: object) -> None:
     from deferq.crashtest import Mutant

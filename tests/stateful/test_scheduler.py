@@ -1,7 +1,10 @@
 """Unit tests of the deterministic syscall-granularity scheduler (``deferq.crashtest._scheduler``).
 
 Goal: the concurrency tests built on the scheduler are only as trustworthy as its
-promises: exactly one thread runs at a time, switches happen only at seam calls, a
+promises: exactly one thread runs at a time, switches happen only at seam calls and
+at the acquires and waits of the process-local locks the engine makes through its
+Env (M-15), threads of one process share its flocks and die together (M-17), a
+deadlock is reported naming each thread (M-16), a
 choice list reproduces an interleaving exactly, finished threads are skipped, an
 early stop aborts the parked threads with ``SimulatedCrash``, and a real block is
 reported instead of hanging. Method: small hand-made threads that call a simulated
@@ -19,9 +22,11 @@ from deferq._engine.env import OpenFlag
 from deferq._core.errors import DeadTasksLockTimeout
 from deferq.backends import Disk
 from deferq.crashtest import Scheduler, SimDisk, SimulatedCrash
+from deferq.crashtest._schedsync import SchedMutex
 from deferq.crashtest._scheduler import (
     START,
     Aborted,
+    SchedulerDeadlock,
     SchedulerStuck,
     ScheduledEnv,
     Step,
@@ -209,3 +214,217 @@ def test_a_kill_can_wait_for_a_named_seam_call() -> None:
     result = sched.run(kills={"a": "fsync_dir"})
     assert result.outcomes["a"].aborted and result.trace[-1] == Step("a", "makedirs")
     assert disk.exists("/x") and not disk.exists("/y")
+
+
+# ---------------------------------------------------------------- threads of one process
+
+
+@pytest.mark.spec("M-15")
+def test_a_held_mutex_parks_the_other_thread_until_it_is_released() -> None:
+    disk = SimDisk(seed=0)
+    sched = Scheduler([0, 0, 1, 1, 1, 1])  # a starts and takes the mutex, then b is preferred
+    env = sched.wrap(disk.process())
+    mutex = env.mutex()
+    log: list[str] = []
+
+    def worker(name: str) -> None:
+        with mutex:
+            log.append(f"{name} in")
+            env.time()  # a scheduling point inside the critical section
+            log.append(f"{name} out")
+
+    sched.spawn("a", lambda: worker("a"), process="p")
+    sched.spawn("b", lambda: worker("b"), process="p")
+    result = sched.run()
+    assert all(o.returned for o in result.outcomes.values())
+    assert log == ["a in", "a out", "b in", "b out"]  # never interleaved inside
+    ops = [(s.thread, s.op) for s in result.trace]
+    assert ("b", "blocked") in ops  # b was parked blocked, then picked again once a released
+    assert ops.index(("a", "time")) < ops.index(("b", "blocked"))
+
+
+@pytest.mark.spec("M-15")
+def test_acquire_is_a_scheduling_point_and_a_non_blocking_try_fails_at_once() -> None:
+    disk = SimDisk(seed=0)
+    sched = Scheduler([0, 0, 1, 1, 0])
+    env = sched.wrap(disk.process())
+    mutex = env.mutex()
+    got: list[bool] = []
+
+    def holder() -> None:
+        with mutex:
+            env.time()
+
+    def tryer() -> None:
+        got.append(mutex.acquire(blocking=False))
+
+    sched.spawn("a", holder, process="p")
+    sched.spawn("b", tryer, process="p")
+    result = sched.run()
+    assert [s.op for s in result.trace[:4]] == [START, "acquire", START, "acquire"]
+    assert got == [False] and all(o.returned for o in result.outcomes.values())
+
+
+@pytest.mark.spec("M-15")
+def test_a_condition_wait_parks_until_notified_and_retakes_the_mutex() -> None:
+    disk = SimDisk(seed=0)
+    sched = Scheduler([0] * 40)
+    env = sched.wrap(disk.process())
+    mutex = env.mutex()
+    cond = env.condition(mutex)
+    state = {"ready": False}
+    log: list[str] = []
+
+    def waiter() -> None:
+        with mutex:
+            while not state["ready"]:
+                cond.wait()
+            log.append("woke with the mutex")
+            assert isinstance(mutex, SchedMutex) and mutex.owner == "w"
+
+    def notifier() -> None:
+        env.time()
+        with mutex:
+            state["ready"] = True
+            cond.notify_all()
+            log.append("notified")
+
+    sched.spawn("w", waiter, process="p")
+    sched.spawn("n", notifier, process="p")
+    result = sched.run()
+    assert all(o.returned for o in result.outcomes.values()), result.outcomes
+    assert log == ["notified", "woke with the mutex"]
+    assert ("w", "wait") in [(s.thread, s.op) for s in result.trace]
+
+
+@pytest.mark.spec("M-16")
+def test_a_lock_order_deadlock_names_each_thread_and_what_it_waits_for() -> None:
+    disk = SimDisk(seed=0)
+    sched = Scheduler([0, 0, 1, 1] + [0] * 20)  # a takes m1, b takes m2, then each wants the other
+    env = sched.wrap(disk.process())
+    m1, m2 = env.mutex(), env.mutex()
+
+    def ab() -> None:
+        with m1, m2:
+            pass
+
+    def ba() -> None:
+        with m2, m1:
+            pass
+
+    sched.spawn("a", ab, process="p")
+    sched.spawn("b", ba, process="p")
+    with pytest.raises(SchedulerDeadlock) as caught:
+        sched.run()
+    waits = caught.value.waits
+    assert set(waits) == {"a", "b"}
+    assert "held by 'b'" in waits["a"] and "held by 'a'" in waits["b"]
+    assert "test_scheduler.py" in waits["a"]  # where the mutex was made
+    assert "deadlock" in str(caught.value)
+
+
+@pytest.mark.spec("M-16")
+def test_a_wait_nobody_notifies_is_a_deadlock_not_a_hang() -> None:
+    disk = SimDisk(seed=0)
+    sched = Scheduler([0] * 10)
+    env = sched.wrap(disk.process())
+    mutex = env.mutex()
+    cond = env.condition(mutex)
+
+    def waits_forever() -> None:
+        with mutex:
+            cond.wait()
+
+    sched.spawn("lonely", waits_forever)
+    with pytest.raises(SchedulerDeadlock) as caught:
+        sched.run()
+    assert list(caught.value.waits) == ["lonely"]
+    assert "on condition" in caught.value.waits["lonely"]
+
+
+@pytest.mark.spec("M-17")
+def test_threads_of_one_process_share_its_flocks_and_die_together() -> None:
+    disk = SimDisk(seed=0)
+    sched = Scheduler([0, 0, 1, 1, 2, 2] + [0] * 60)  # each takes its flock, then t0 runs on
+    env = sched.wrap(disk.process())
+    other = sched.wrap(disk.process())
+    env.makedirs("/d")
+    fd = env.open("/d/lock", OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE)
+    other_fd = other.open("/d/lock", OpenFlag.READ | OpenFlag.WRITE)
+    taken: list[tuple[str, bool]] = []
+    killed: list[str] = []
+
+    def t0() -> None:
+        taken.append(("t0", env.flock_exclusive_nb(fd)))
+        for _ in range(10):
+            env.time()
+
+    def t1() -> None:
+        # The same open file description: the flock t0 holds "succeeds" here too.
+        taken.append(("t1", env.flock_exclusive_nb(fd)))
+        for _ in range(10):
+            env.time()
+
+    def outsider() -> None:
+        taken.append(("q", other.flock_exclusive_nb(other_fd)))
+        for _ in range(20):
+            other.time()
+        taken.append(("q", other.flock_exclusive_nb(other_fd)))
+
+    def on_kill(name: str) -> None:
+        killed.append(name)
+        disk.kill(env.inner.getpid())
+
+    sched.spawn("t0", t0, process="p")
+    sched.spawn("t1", t1, process="p")
+    sched.spawn("q", outsider, process="q")
+    result = sched.run(kills={"t0": 9}, on_kill=on_kill)
+    assert taken[:3] == [("t0", True), ("t1", True), ("q", False)]
+    assert result.outcomes["t0"].aborted and result.outcomes["t1"].aborted  # M-17: together
+    assert killed == ["t0"]
+    assert result.outcomes["q"].returned and taken[-1] == ("q", True)  # M-8: released by the kill
+
+
+@pytest.mark.spec("M-19")
+def test_same_choices_same_trace_through_locks_and_waits() -> None:
+    def run(choices: list[int]) -> list[Step]:
+        disk = SimDisk(seed=0)
+        sched = Scheduler(choices)
+        env = sched.wrap(disk.process())
+        backend = Disk(path="/s", env=env, fsync_frequency=0)
+        for name in ("a", "b", "c"):
+            sched.spawn(name, lambda name=name: [  # type: ignore[misc]
+                backend.add_dead_task(f"{name}{i}", b"x", RuntimeError("e"), task_class="J",
+                                      attempts=1) for i in range(2)], process="p")
+        result = sched.run()
+        assert all(o.returned for o in result.outcomes.values()), result.outcomes
+        assert len(backend.list_dead_tasks()) == 6
+        return result.trace
+
+    choices = [2, 1, 0, 2, 2, 1, 0, 0, 1, 2, 1, 0, 2] * 5
+    first = run(choices)
+    assert {s.op for s in first} >= {"acquire", "wait"}  # group commit (S-14) waited
+    assert run(choices) == first
+    assert run([0] * 80) != first
+
+
+@pytest.mark.spec("M-15")
+def test_the_os_env_hands_out_plain_threading_locks() -> None:
+    from deferq._engine.osenv import OsEnv
+
+    env = OsEnv()
+    mutex = env.mutex()
+    assert type(mutex) is type(threading.Lock())
+    assert isinstance(env.condition(mutex), threading.Condition)
+
+
+def test_a_mutex_of_the_run_is_a_plain_lock_outside_it() -> None:
+    disk = SimDisk(seed=0)
+    sched = Scheduler()
+    env = sched.wrap(disk.process())
+    mutex = env.mutex()
+    assert mutex.acquire() and not mutex.acquire(blocking=False)
+    with pytest.raises(SchedulerStuck):
+        mutex.acquire()  # would block for ever: nobody else can release it
+    mutex.release()
+    assert isinstance(mutex, SchedMutex) and not mutex.locked()

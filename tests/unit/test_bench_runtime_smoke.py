@@ -25,7 +25,7 @@ def positive(value: object) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.spec("Q-36", "Q-37", "Q-38")
+@pytest.mark.spec("Q-36", "Q-37", "Q-38", "Q-106")
 def test_smoke_run_reports_every_row_with_positive_numbers(tmp_path: Path) -> None:
     out = tmp_path / "runtime.jsonl"
     done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--dir", str(tmp_path),
@@ -35,7 +35,7 @@ def test_smoke_run_reports_every_row_with_positive_numbers(tmp_path: Path) -> No
     (line,) = out.read_text(encoding="utf-8").splitlines()
     record = json.loads(line)
     rows = {row["key"]: row for row in record["rows"]}
-    assert set(rows) == {"delayed", "concurrency", "sync_pool"}
+    assert set(rows) == {"delayed", "concurrency", "sync_pool", "hooks"}
     delayed = rows["delayed"]
     for side in ("queue", "task_per_timer"):
         assert positive(delayed[side]["extra_bytes"]) and positive(delayed[side]["stop_s"])
@@ -43,5 +43,10 @@ def test_smoke_run_reports_every_row_with_positive_numbers(tmp_path: Path) -> No
     for key in ("concurrency", "sync_pool"):
         assert positive(rows[key]["ratio"]), key
         assert all(positive(t) for side in rows[key]["times"].values() for t in side), key
+    hooks = rows["hooks"]
+    assert set(hooks["ratios"]) == {"idle hook", "outcome hook", "1 hook", "4 hooks"}
+    assert all(positive(r) for r in hooks["ratios"].values())
+    assert all(positive(t) for side in hooks["times"].values() for t in side)
     assert "delayed tasks" in done.stdout and "thread pool" in done.stdout
+    assert "hooks vs none" in done.stdout
     assert not list(tmp_path.glob("deferq-bench-*")), "the scratch directory was left behind"

@@ -27,7 +27,7 @@ PACKAGE = SRC / "deferq"
 
 # The layers of the library, lowest first; a module may import its own layer and lower ones.
 LAYERS = ("deferq._core", "deferq._engine", "deferq.backends", "deferq._runtime", "deferq",
-          "deferq.testing", "deferq._cli")
+          "deferq.integrations", "deferq.testing", "deferq._cli")
 # Tools around the library: they may import any of it; the library never imports them,
 # except that the CLI modules named in LAZY_TOOL_IMPORTS load them inside a handler.
 TOOLS = ("deferq.crashtest", "deferq.powertest", "deferq._demos", "deferq.conformance")

@@ -143,3 +143,5 @@ SYNC_THREADS_MAX: Final = 1024
 assert 1 <= DEFAULT_SYNC_THREADS <= SYNC_THREADS_MAX
 # The longest per-task timeout, seconds: a day.
 TASK_TIMEOUT_MAX_S: Final = 86_400.0
+# The most lifecycle hooks one queue takes: each is called per event on the loop.
+HOOKS_MAX: Final = 64

@@ -35,7 +35,7 @@ from deferq._core.errors import StorageBrokenError
 from deferq._core.limits import FILE_MODE, GROUP_COMMIT_ROUNDS_MAX
 from deferq._core.types import DeadTask
 from deferq._engine.deadindex import DeadIndex
-from deferq._engine.env import Env, FileStat, OpenFlag
+from deferq._engine.env import Condition, Env, FileStat, Mutex, OpenFlag
 from deferq._engine.io import repair_tail, write_all
 
 _APPEND: Final = OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND  # computed once: enum | costs
@@ -63,8 +63,8 @@ class DeadAdds:
     _path: str
     _data: str
     _index: DeadIndex | None
-    _mutex: threading.Lock  # the condition's lock (S-14)
-    _cond: threading.Condition
+    _mutex: Mutex  # the condition's lock (S-14)
+    _cond: Condition
     _queue: list[_AddRequest]
     _leading: bool
     _waiting: int  # threads inside cond.wait() (S-14)

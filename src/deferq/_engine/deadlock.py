@@ -24,11 +24,9 @@ through the store's ``_lock_class``.
 
 from __future__ import annotations
 
-import threading
-
 from deferq._core.errors import DeadTasksLockTimeout
 from deferq._core.limits import FILE_MODE, LOCK_ATTEMPTS_MAX, lock_sleep_s
-from deferq._engine.env import Env, OpenFlag
+from deferq._engine.env import Env, Mutex, OpenFlag
 
 
 class DeadLock:
@@ -38,7 +36,8 @@ class DeadLock:
 
     def __init__(self, env: Env, lock_path: str, *, read_only: bool = False) -> None:
         self._env = env
-        self.local = threading.Lock()
+        # M-15: through the seam, so the simulator can interleave threads at it (L-7).
+        self.local: Mutex = env.mutex()
         # Implements S-1: the lock file is opened once and kept; it is never renamed.
         # A read-only view opens it for reading only and never creates it (S-32): flock
         # needs no write access.
@@ -47,7 +46,10 @@ class DeadLock:
                             FILE_MODE))
 
     def acquire(self, operation: str) -> None:
-        """Implements L-1..L-3: the mutex and the flock in one bounded retry loop."""
+        """Implements L-1..L-3: the mutex and the flock in one bounded retry loop.
+
+        Implements L-7: the mutex first; the flock is tried only while it is held.
+        """
         env = self._env
         local = self.local
         for attempt in range(1, LOCK_ATTEMPTS_MAX + 1):
@@ -65,7 +67,11 @@ class DeadLock:
             env.sleep(lock_sleep_s(attempt))
 
     def release(self) -> None:
-        """Implements L-4: release both locks, the mutex even if the unlock fails."""
+        """Implements L-4: release both locks, the mutex even if the unlock fails.
+
+        Implements L-8: the flock first, so no other thread of this process can take the mutex
+        while the lock file's description still holds the flock this unlock is about to drop.
+        """
         try:
             self._env.flock_unlock(self.fd)
         finally:

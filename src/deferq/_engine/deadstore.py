@@ -41,7 +41,6 @@ component (``_lock_class``) as one that breaks the index swaps ``_index_class``.
 from __future__ import annotations
 
 import contextlib
-import threading
 
 from deferq._core.errors import StorageBrokenError, StorageClosedError
 from deferq._core.limits import FILE_MODE
@@ -116,8 +115,9 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadCompaction):
         """The group-commit queue (S-14) and the per-process index (S-10), both empty."""
         # The condition's lock, taken directly where no wait or notify is needed: holding it
         # is holding the condition, and Condition.__enter__ is a Python-level call.
-        self._mutex = threading.Lock()
-        self._cond = threading.Condition(self._mutex)
+        # M-15: made by the seam, so the simulator can interleave threads at them.
+        self._mutex = self._env.mutex()
+        self._cond = self._env.condition(self._mutex)
         self._queue: list[_AddRequest] = []
         self._leading = False
         self._waiting = 0  # threads inside cond.wait() (S-14): notify only when some are

@@ -7,6 +7,13 @@ one; ``deferq.crashtest`` provides a simulated one with crash injection. A test
 (tests/unit/test_layering.py) fails if an engine module imports ``os``, ``io``,
 ``fcntl``, ``time``, ``random``, ``threading`` timers or ``pathlib``.
 
+Process-local synchronisation goes through the seam too (``Env.mutex``,
+``Env.condition``, M-15): a lock the engine takes beside a flock, or holds across a
+seam call, is where races between the threads of one process live, so the simulator
+must see every acquire, release, wait and notify to interleave threads there. The
+real Env returns plain ``threading.Lock`` and ``threading.Condition`` objects, so the
+engine's hot paths pay nothing for it.
+
 Semantics are POSIX/Linux: ``write`` may write fewer bytes than asked (callers
 loop), ``flock_exclusive_nb`` is ``flock(LOCK_EX | LOCK_NB)`` on one open file
 description, errors are ``OSError`` with an ``errno``. Paths are ``str``.
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from types import TracebackType
 from typing import NamedTuple, Protocol
 
 
@@ -64,6 +72,40 @@ class MappedWindow(Protocol):
 
     def close(self) -> None:
         """Unmap; stored bytes stay in the file."""
+
+
+class Mutex(Protocol):
+    """A non-reentrant mutual-exclusion lock (``threading.Lock``'s interface, M-15)."""
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the lock; with ``blocking=False`` return False at once when it is held."""
+
+    def release(self) -> None:
+        """Release the lock, which the calling thread holds."""
+
+    def __enter__(self) -> bool:
+        """``acquire()``."""
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc_value: BaseException | None,
+                 traceback: TracebackType | None, /) -> None:
+        """``release()``."""
+
+
+class Condition(Protocol):
+    """A condition variable over a ``Mutex`` (``threading.Condition``'s interface, M-15)."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Release the mutex, wait for a notify (or a spurious wake-up), take it again."""
+
+    def notify_all(self) -> None:
+        """Wake every thread waiting; the mutex is held."""
+
+    def __enter__(self) -> bool:
+        """Take the mutex."""
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc_value: BaseException | None,
+                 traceback: TracebackType | None, /) -> None:
+        """Release the mutex."""
 
 
 class Env(Protocol):
@@ -165,3 +207,10 @@ class Env(Protocol):
 
         The simulated Env never calls it by itself: tests drive time explicitly.
         """
+
+    # --- process-local synchronisation (M-15)
+    def mutex(self) -> Mutex:
+        """A new lock shared by the threads of this process (``threading.Lock()``)."""
+
+    def condition(self, mutex: Mutex) -> Condition:
+        """A new condition variable over ``mutex`` (``threading.Condition(mutex)``)."""

@@ -36,7 +36,7 @@ class IdSource:
 
     def __init__(self, env: Env) -> None:
         self._env = env
-        self._mutex = threading.Lock()
+        self._mutex = env.mutex()  # M-15: held across a clock read (a seam call)
         self._base = int(env.time()) + 1
         self._monotonic = env.monotonic
         self._start_s = env.monotonic()
@@ -102,6 +102,11 @@ def id_source(env: Env) -> IdSource:
     key: Env = getattr(env, "process_env", env)
     with _SOURCES_MUTEX:
         source = _SOURCES.get(key)
-        if source is None:
-            source = _SOURCES[key] = IdSource(key)
+    if source is not None:
         return source
+    # Built outside the registry's mutex: building reads the Env's clocks, seam calls at which
+    # the simulator may switch threads, and no real lock may be held across one (M-15).
+    # Two threads that race here build two; the registry keeps the first.
+    fresh = IdSource(key)
+    with _SOURCES_MUTEX:
+        return _SOURCES.setdefault(key, fresh)

@@ -17,11 +17,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, cast
 
 from deferq._core.errors import UnsafeEntryError
 from deferq._core.limits import PARENT_DIR_MODE, WAL_RESERVE_BYTES
-from deferq._engine.env import Cancel, FileStat, MappedWindow, OpenFlag
+from deferq._engine.env import Cancel, Condition, FileStat, MappedWindow, Mutex, OpenFlag
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _OS_BITS: dict[int, int] = {}  # OpenFlag value -> os.O_* bits
@@ -253,6 +253,15 @@ class OsEnv:
 
     def call_every(self, interval_s: float, callback: Callable[[], None]) -> Cancel:
         return _Ticker(interval_s, callback)
+
+    def mutex(self) -> Mutex:
+        """M-15: a plain ``threading.Lock``, so the engine's hot paths cost what they did."""
+        return threading.Lock()
+
+    def condition(self, mutex: Mutex) -> Condition:
+        # The cast is the OS adapter's: every Mutex this Env hands out is a threading.Lock
+        # (``mutex`` above), which is what threading.Condition is typed to take.
+        return threading.Condition(cast("threading.Lock", mutex))
 
 
 OS_ENV = OsEnv()

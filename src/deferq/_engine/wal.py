@@ -38,7 +38,6 @@ fsync is in flight, since they close the file it runs on.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Final
 
 from deferq._core.errors import StorageBrokenError
@@ -81,7 +80,7 @@ class TasksWal(WalSweep):
         self._path = path
         self._prefix = prefix
         self._fsync_frequency_s = fsync_frequency_s
-        self._mutex = threading.Lock()
+        self._mutex = env.mutex()  # M-15: a plain threading.Lock on the OS
         # The Env methods of the hot path, bound once (W-14 compares the pid on every call).
         self._write = env.write
         self._getpid = env.getpid
@@ -93,7 +92,7 @@ class TasksWal(WalSweep):
         self._durable = 0
         self._syncing = False
         self._sync_failed = False
-        self._synced = threading.Condition(self._mutex)
+        self._synced = env.condition(self._mutex)
         # W-8: a write fsyncs when the monotonic clock reaches this (the last fsync + f).
         self._sync_due_s = env.monotonic() + fsync_frequency_s
         self._held_fds: list[int] = []  # files kept locked until close (see _discard_copy)

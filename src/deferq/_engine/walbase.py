@@ -13,12 +13,11 @@ part reads only the attributes declared here, which ``TasksWal.__init__`` sets.
 from __future__ import annotations
 
 import enum
-import threading
 from collections.abc import Callable
 from typing import Final
 
 from deferq._core.errors import StorageBrokenError, StorageClosedError
-from deferq._engine.env import Env, MappedWindow
+from deferq._engine.env import Condition, Env, MappedWindow, Mutex
 from deferq._engine.ids import IdSource
 
 
@@ -42,8 +41,8 @@ class WalBase:
     _state: WalState
     # Group commit (W-20, W-21): the mutex, the condition fsync waiters sleep on, the
     # tickets written and covered by a completed fsync, and the fsync in flight.
-    _mutex: threading.Lock
-    _synced: threading.Condition
+    _mutex: Mutex
+    _synced: Condition
     _written: int
     _durable: int
     _syncing: bool

@@ -18,7 +18,6 @@ the adopting worker would leave the retried task out (W-33).
 from __future__ import annotations
 
 import logging
-import threading
 
 from deferq._core.errors import UnsafeEntryError
 from deferq._core.walcodec import encode_add
@@ -43,7 +42,7 @@ class HandoffWal(WalFiles):
         self._prefix = prefix
         self._pid = env.getpid()
         self._state = WalState.OPEN
-        self._mutex = threading.Lock()
+        self._mutex = env.mutex()
         self._held_fds = []
         self._live = {}
         self._ids = id_source(env)

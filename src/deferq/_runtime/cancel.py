@@ -23,6 +23,7 @@ import logging
 
 from deferq._runtime.clock import Clock
 from deferq._runtime.executor import Executor
+from deferq._runtime.hooks import HookSet
 from deferq._runtime.journal import Journal
 from deferq._runtime.scheduler import STOP_GRACE_S, Scheduler
 
@@ -33,7 +34,8 @@ class Canceller:
     """Cancels one task of a running queue (Q-40)."""
 
     def __init__(self, scheduler: Scheduler, executor: Executor, journal: Journal,
-                 clock: Clock) -> None:
+                 clock: Clock, hooks: HookSet | None = None) -> None:
+        self._hooks = HookSet(()) if hooks is None else hooks
         self._scheduler = scheduler
         self._executor = executor
         self._journal = journal
@@ -46,7 +48,8 @@ class Canceller:
         scheduler = self._scheduler
         if not scheduler.running:
             return False
-        where = scheduler.withdraw(task_id)
+        withdrawn = scheduler.withdraw(task_id)
+        where, context = (None, None) if withdrawn is None else withdrawn
         if where is None:
             job = scheduler.job_of(task_id)
             if job is None:
@@ -60,6 +63,10 @@ class Canceller:
             # else: it has not taken its first step; it ends there without running.
         self._journal.remove(task_id)
         log.info("deferred task %s cancelled (it was %s); removed from the WAL", task_id, where)
+        if self._hooks.executions:
+            # Implements Q-102: one not begun, or a running one that took its first step
+            # (one that did not is reported by the executor when it ends at that step).
+            self._hooks.cancelled(task_id, where, context)
         return True
 
     async def _ended(self, job: asyncio.Task[None]) -> bool:

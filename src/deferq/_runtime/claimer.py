@@ -27,6 +27,7 @@ from typing import Final
 
 from deferq._runtime.clock import Clock
 from deferq._runtime.executor import Executor
+from deferq._runtime.hooks import ReplaySource
 from deferq._runtime.scheduler import Scheduler
 from deferq.backends.protocol import ClaimingBackend
 
@@ -64,7 +65,7 @@ class Claimer:
                     claimed = len(tasks)
                     now = int(self._clock.time())
                     for pending in tasks:
-                        await self._executor.replay(pending, now)
+                        await self._executor.replay(pending, now, ReplaySource.CLAIMED)
                 if claimed < room or room <= 0:
                     # Nothing more is due now (or the backlog is full): wait for a NOTIFY,
                     # or look again after poll_seconds at most.

@@ -34,6 +34,7 @@ from deferq._core.types import PendingTask
 from deferq._runtime.book import RUNNING
 from deferq._runtime.clock import Clock
 from deferq._runtime.errors import PushTimeout, TaskTimeoutError, UnloadableTaskError
+from deferq._runtime.hooks import HookSet, ReplaySource
 from deferq._runtime.journal import Journal
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import Context, ContextCodec, ContextError
@@ -51,8 +52,11 @@ class Executor:
 
     def __init__(self, scheduler: Scheduler, journal: Journal, *, registry: TaskRegistry,
                  codec: ContextCodec, clock: Clock, rng: random.Random, pool: SyncPool,
-                 deps: object = None) -> None:
+                 deps: object = None, hooks: HookSet | None = None) -> None:
         self._scheduler = scheduler
+        # Lifecycle hooks (Q-100..Q-106); every call behind one bool test (Q-106).
+        self._hooks = HookSet(()) if hooks is None else hooks
+        self._hooked = self._hooks.executions
         self._journal = journal
         self._registry = registry
         self._codec = codec
@@ -82,6 +86,8 @@ class Executor:
             return
         instance, result, error = begun
         if error is not None or (result is not None and inspect.isawaitable(result)):
+            if error is not None and self._hooked:
+                self._hooks.perform_ended(task_id)
             scheduler = self._scheduler
             assert scheduler.loop is not None
             scheduler.work.add(scheduler.loop.create_task(
@@ -89,10 +95,14 @@ class Executor:
             return
         try:
             self._remove(task_id)
+            if self._hooked:
+                self._hooks.succeeded(task_id)
         except Exception:  # noqa: BLE001 - storage errors must not stop the loop
             log.exception("deferred task %s: storage error; it stays in the WAL", task_id)
         finally:
             self.inflight -= 1
+            if self._hooked and task_id in self._hooks.open:
+                self._hooks.ended(task_id)  # Implements Q-102: after a storage error
             self._maybe_idle()
 
     async def run(self, task_id: str, context: Context, cls: type[Task], counted: bool) -> None:
@@ -110,6 +120,8 @@ class Executor:
             scheduler.backlog -= 1
         cancelled = scheduler.cancelled
         if not scheduler.running or (cancelled and task_id in cancelled):
+            if self._hooked and task_id in cancelled:
+                self._hooks.cancelled(task_id, "running", context)  # Q-102
             cancelled.discard(task_id)  # Implements Q-40: cancelled before it began
             ended()
             return None
@@ -118,6 +130,8 @@ class Executor:
             return self._perform(task_id, context, cls)
         except BaseException:  # KeyboardInterrupt, SystemExit: not a failed execution
             self.inflight -= 1
+            if self._hooked:
+                self._hooks.ended(task_id)
             ended()
             raise
 
@@ -125,6 +139,7 @@ class Executor:
                       instance: Task | None, result: object, error: Exception | None) -> None:
         """The rest of an execution in its asyncio task: await the result, then one transition."""
         released = False  # whether a retry gave the slot back early (Q-37)
+        was_cancelled = False  # cancel (Q-40) reports it, not ``ended`` (Q-102)
         job = asyncio.current_task()
         if job is not None:
             self.jobs[task_id] = job  # cancel (Q-40) interrupts it from here on
@@ -138,6 +153,8 @@ class Executor:
                             await self._within(cls, cls.timeout, result)
                     except Exception as exc:  # noqa: BLE001 - a failed execution
                         error = exc
+                if error is not None and self._hooked:
+                    self._hooks.perform_ended(task_id)  # (a success's ends at its event)
                 abandoned = self._scheduler.abandoned
                 if abandoned and task_id in abandoned:
                     # Implements Q-35: stop() returned without this execution, which swallowed
@@ -148,17 +165,23 @@ class Executor:
                 elif self._scheduler.cancelled and task_id in self._scheduler.cancelled:
                     # Implements Q-40: cancel removed it; what it did is not recorded.
                     self._scheduler.cancelled.discard(task_id)
+                    was_cancelled = True
                     log.info("deferred task %s ended after it was cancelled; its outcome is "
                              "not recorded", task_id)
                 elif error is not None:
                     released = await self._failed(task_id, context, cls, instance, error)
                 else:
                     self._remove(task_id)
+                    if self._hooked:
+                        self._hooks.succeeded(task_id)
             except Exception:  # noqa: BLE001 - storage errors must not kill the loop's task
                 log.exception("deferred task %s: storage error; it stays in the WAL", task_id)
             finally:
                 self.inflight -= 1
         finally:
+            if self._hooked and task_id in self._hooks.open and not was_cancelled and (
+                    task_id not in self._scheduler.cancelled):
+                self._hooks.ended(task_id)  # Implements Q-102: no outcome was written
             if self.jobs.get(task_id) is job:
                 del self.jobs[task_id]
             self._job_done(holds_slot=not released)
@@ -172,6 +195,8 @@ class Executor:
             instance.rng, instance.task_id, instance.attempt, instance.deps = (
                 self._rng, task_id, context.attempts + 1, self._deps)
             self._book_tasks[task_id] = RUNNING
+            if self._hooked:
+                self._hooks.started(task_id, context, cls)
             perform: object = getattr(instance, "perform")
             if not callable(perform):
                 raise TypeError(f"{cls.task_name}.perform is not callable")
@@ -235,8 +260,9 @@ class Executor:
             log.error("deferred task %s (%s) attempt %d of %d failed: %s: %s; dead-lettered",
                       task_id, cls.task_name, attempts, cls.max_retries + 1,
                       type(exc).__name__, exc, exc_info=exc)
-            await self._journal.give_up(task_id, data, exc, cls.task_name, attempts,
-                                        context.enqueued_at)
+            if await self._journal.give_up(task_id, data, exc, cls.task_name, attempts,
+                                           context.enqueued_at) and self._hooked:
+                self._hooks.dead_lettered(task_id, exc)
             return False
         scheduler = self._scheduler
         bp = scheduler.backpressure
@@ -256,10 +282,13 @@ class Executor:
         publish_at = int(self._clock.time()) + seconds if seconds > 0 else None
         self._journal.readd(data, publish_at, task_id)  # same id, this WAL only (W-15)
         self._scheduler.schedule(task_id, retried, cls, seconds if seconds > 0 else None)
+        if self._hooked:
+            self._hooks.retry_scheduled(task_id, exc, max(seconds, 0))
         return released
 
     # ------------------------------------------------------------------ replay
-    async def replay(self, pending: PendingTask, now: int) -> bool:
+    async def replay(self, pending: PendingTask, now: int,
+                     source: ReplaySource = ReplaySource.START) -> bool:
         """Implements Q-9 for one pending task: schedule it with its remaining delay.
 
         Returns False when the task could not be loaded (it was dead-lettered instead).
@@ -275,7 +304,13 @@ class Executor:
         publish_in = None if pending.publish_at is None else pending.publish_at - now
         self._journal.book.added(pending.task_id, pending.publish_at, context.key)  # Q-55
         self._scheduler.schedule(pending.task_id, context, cls, publish_in)
+        if self._hooks.replays:
+            self._hooks.replayed(pending.task_id, context, pending.publish_at, source)
         return True
+
+    async def replay_adopted(self, pending: PendingTask, now: int) -> bool:
+        """``replay`` of a task the adoption sweep found (Q-70)."""
+        return await self.replay(pending, now, ReplaySource.ADOPTED)
 
     async def dead_letter_unloadable(self, pending: PendingTask, reason: str) -> None:
         """Implements Q-9: a task that cannot be loaded is dead-lettered with the reason."""
@@ -284,13 +319,16 @@ class Executor:
                   task_class_name(name), reason)
         try:
             loaded = self._codec.decode(pending.context)
-            attempts, enqueued_at = loaded.attempts, loaded.enqueued_at
+            attempts, enqueued_at, meta = loaded.attempts, loaded.enqueued_at, loaded.meta
         except ContextError:
-            attempts, enqueued_at = 0, None
+            attempts, enqueued_at, meta = 0, None, None
         error = UnloadableTaskError(f"cannot load the task: {reason}")
         # Implements Q-31: whatever the record holds, the name fits a dead-task record.
-        await self._journal.give_up(pending.task_id, pending.context, error,
-                                    task_class_name(name), attempts, enqueued_at)
+        if await self._journal.give_up(pending.task_id, pending.context, error,
+                                       task_class_name(name), attempts, enqueued_at
+                                       ) and self._hooked:
+            self._hooks.unloadable_dead_lettered(pending.task_id, task_class_name(name),
+                                                 attempts, meta, error)
 
 
 async def _pooled_call(future: Awaitable[object]) -> None:

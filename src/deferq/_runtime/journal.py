@@ -120,10 +120,11 @@ class Journal:
             self.book.forget_key(task_id)  # its unique key is free again (Q-54)
 
     async def give_up(self, task_id: str, data: bytes, exc: BaseException, task_class: str,
-                      attempts: int, enqueued_at: int | None = None) -> None:
+                      attempts: int, enqueued_at: int | None = None) -> bool:
         """Implements D-13 / Q-8: dead-task write first, WAL removal only after it returned.
 
         ``enqueued_at`` is the record's first enqueue time (Q-65), None when it has none.
+        True when the task is dead-lettered; False when it stays in the WAL.
         """
         try:
             await asyncio.to_thread(self.backend.add_dead_task, task_id, data, exc,
@@ -132,8 +133,9 @@ class Journal:
         except Exception as dead:  # noqa: BLE001 - the task must stay in the WAL
             log.error("deferred task %s could not be dead-lettered (%s: %s); it stays in the WAL "
                       "and is replayed at the next start", task_id, type(dead).__name__, dead)
-            return
+            return False
         self.remove(task_id)
+        return True
 
     async def settle(self) -> None:
         """Wait for the background group commit to finish (``stop``, before ``close``)."""

@@ -33,7 +33,7 @@ import asyncio
 import enum
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import ParamSpec, TypeVar
 
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
@@ -54,6 +54,7 @@ from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.ctxfields import check_meta, enqueue_time
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.executor import Executor
+from deferq._runtime.hooks import Hooks, HookSet, check_hooks
 from deferq._runtime.journal import Journal
 from deferq._runtime.operator import Operator
 from deferq._runtime.options import (
@@ -104,8 +105,10 @@ class Queue(DeadTaskApi):
                  rng: random.Random | None = None, codec: ContextCodec | None = None,
                  sweep_interval: float = DEFAULT_SWEEP_INTERVAL_S,
                  max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-                 sync_threads: int = DEFAULT_SYNC_THREADS, deps: object = None) -> None:
+                 sync_threads: int = DEFAULT_SYNC_THREADS, deps: object = None,
+                 hooks: Iterable[Hooks] = ()) -> None:
         self.backend = backend
+        self._hooks = HookSet(check_hooks(hooks))  # Q-100: lifecycle hooks
         # Q-37: executions that run at once; the others wait in memory for a slot.
         self.max_concurrency = _count(max_concurrency, "max_concurrency", MAX_CONCURRENCY_MAX)
         # Q-38: the threads plain performs run in (unless their task is inline).
@@ -125,14 +128,15 @@ class Queue(DeadTaskApi):
                                     max_concurrency=self.max_concurrency)
         self._executor = Executor(self._scheduler, self._journal, registry=self.registry,
                                   codec=self.codec, clock=self.clock, rng=self.rng,
-                                  pool=self._pool, deps=deps)
-        self._canceller = Canceller(self._scheduler, self._executor, self._journal, self.clock)
+                                  pool=self._pool, deps=deps, hooks=self._hooks)
+        self._canceller = Canceller(self._scheduler, self._executor, self._journal, self.clock,
+                                    self._hooks)
         # Q-57: what tasks get as ``self.deps`` / ``task_deps(...)``; never stored.
         self.deps = deps
         # Q-70..Q-72: the adoption sweep, when the backend has one (C-28).
         adopt, interval_s = adopter_of(backend), check_sweep_interval(sweep_interval)
         self._sweeper = None if adopt is None else Sweeper(
-            adopt, self._executor.replay, self.clock, interval_s=interval_s,
+            adopt, self._executor.replay_adopted, self.clock, interval_s=interval_s,
             files_max=SWEEP_FILES_MAX)
         # Q-75: on a shared backend (Postgres) the queue also runs the due tasks it claims.
         self._claimer = (Claimer(backend, self._scheduler, self._executor, self.clock)
@@ -242,16 +246,9 @@ class Queue(DeadTaskApi):
     async def cancel(self, task_id: str) -> bool:
         """Cancel a task this running queue holds: delayed, waiting for a slot, or running (Q-40).
 
-        It never runs (again) and is not retried: it is removed from the WAL and the
-        cancellation is logged. A running async perform is cancelled; a plain perform in the
-        thread pool cannot be stopped, and what it does afterwards is not recorded.
-
-        Returns:
-            True when the task was cancelled; False for an id this queue does not hold (an
-            unknown id, a task that finished, a queue not started or stopped).
-
-        Raises:
-            TypeError: ``task_id`` is not a str.
+        It never runs (again), is removed from the WAL and logged; a plain perform in the pool
+        cannot be stopped, and what it does afterwards is not recorded. Returns False for an
+        id this queue does not hold; raises TypeError for a ``task_id`` that is not a str.
         """
         return await self._canceller.cancel(task_id)
     # ------------------------------------------------------------------ defer
@@ -348,8 +345,10 @@ class Queue(DeadTaskApi):
             await journal.commit_written()
         except asyncio.CancelledError:
             _schedule_once_committed(journal, self._scheduler, self._late, task_id, context,
-                                     cls, publish_in)
+                                     cls, publish_in, self._hooks, publish_at)
             raise
+        if self._hooks.enqueues:
+            self._hooks.enqueued(task_id, context, publish_at)  # Q-101: before it can start
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
 
@@ -362,8 +361,11 @@ class Queue(DeadTaskApi):
         # Implements Q-65: the record keeps when the task was first enqueued.
         # Implements Q-66: ``meta`` is checked before anything is stored; users give it as
         # the task's ``options(meta=...)``.
+        checked = check_meta(meta)
+        if self._hooks.meta:
+            checked = self._hooks.add_meta(cls.task_name, checked)  # Implements Q-103.
         context = Context(cls.task_name, args, kwargs, 0, key, enqueue_time(self.clock.time()),
-                          check_meta(meta))
+                          checked)
         return self.codec.encode(context), context, cls
 
     def _timing(self, delay: object, delay_until: object) -> tuple[int | None, int | None]:
@@ -387,6 +389,8 @@ class Queue(DeadTaskApi):
             if owner is not None:
                 self._journal.sync_written()  # Implements Q-56.
                 return owner
+        if self._hooks.enqueues:
+            self._hooks.enqueued(task_id, context, publish_at)  # Q-101: before it can start
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
 
@@ -400,14 +404,18 @@ def _refuse_above_high_water(bp: Backpressure | None, scheduler: Scheduler) -> N
 
 def _schedule_once_committed(journal: Journal, scheduler: Scheduler,
                              late: set[asyncio.Task[None]], task_id: str, context: Context,
-                             cls: type[Task], publish_in: int | None) -> None:
+                             cls: type[Task], publish_in: int | None, hooks: HookSet,
+                             publish_at: int | None) -> None:
     """Implements Q-41: the caller was cancelled after the record was written; the task is
-    still scheduled here once a group commit covers it (not if it fails, D-16)."""
+    still scheduled here once a group commit covers it (not if it fails, D-16), and its hooks
+    told (Q-101)."""
     async def once_committed() -> None:
         try:
             await journal.commit_written()
         except Exception:  # noqa: BLE001 - the WAL is broken (W-22); not scheduled (D-16)
             return
+        if hooks.enqueues:
+            hooks.enqueued(task_id, context, publish_at)
         scheduler.schedule(task_id, context, cls, publish_in)
 
     job = asyncio.ensure_future(once_committed())

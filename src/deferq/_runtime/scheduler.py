@@ -192,11 +192,12 @@ class Scheduler:
                 self._soon_handle = self.loop.call_soon(self._run_soon)
 
     # ------------------------------------------------------------------ cancel (Q-40)
-    def withdraw(self, task_id: str) -> str | None:
+    def withdraw(self, task_id: str) -> tuple[str, Context] | None:
         """Implements Q-40 for work not begun: drop ``task_id`` from the timers, the tasks
-        waiting for a slot or the run-soon batch; where it was, or None."""
-        if self.timers.cancel(task_id) is not None:
-            return "delayed"
+        waiting for a slot or the run-soon batch; where it was and its context, or None."""
+        timer = self.timers.cancel(task_id)
+        if timer is not None:
+            return "delayed", timer[0]
         for line, where in ((self._waiting, "waiting for a slot"), (self._soon, "due")):
             for index, entry in enumerate(line):
                 if entry[1] == task_id:
@@ -204,7 +205,7 @@ class Scheduler:
                     if entry[4]:
                         self.backlog -= 1  # counted in the backlog until it began
                     self.maybe_idle(holds_slot=line is self._soon)
-                    return where
+                    return where, entry[2]
         return None
 
     def job_of(self, task_id: str) -> asyncio.Task[None] | None:

@@ -2,9 +2,11 @@
 
 A ``Mutant`` (the catalogue is ``deferq.crashtest.catalogue``: it ships with this kit so that
 ``deferq crash-test`` from an installed wheel checks every one; the library never uses it) is caught
-either by exploring its focused ``workloads`` with ``deferq.crashtest._explore.explore`` or
-by a targeted ``scenario`` (concurrency bugs need an interleaving) that checks its machine
-with ``check_disk``. ``check_mutant`` runs the same checks on the real engine as well;
+by exploring its focused ``workloads`` with ``deferq.crashtest._explore.explore``, by a
+targeted ``scenario`` (concurrency bugs need an interleaving) that checks its machine
+with ``check_disk``, or by the generic exploration of interleaved threads and processes
+(``threads`` random plans of ``deferq.crashtest._interleave``, M-18), which is written for
+no mutant in particular. ``check_mutant`` runs the same checks on the real engine as well;
 ``load_catalogue`` imports a catalogue by path (for ``deferq crash-test``).
 """
 
@@ -20,6 +22,7 @@ from deferq.crashtest._crashengine import Engine
 from deferq.crashtest._crashrecover import check_recovered, recover
 from deferq.crashtest._crashrun import _Run
 from deferq.crashtest._explore import CI_BOUND, ExploreBound, _quiet, explore, explore_models
+from deferq.crashtest._interleave import explore_threads
 from deferq.crashtest._simdisk import SimDisk
 from deferq.crashtest._workloads import Workload
 
@@ -47,6 +50,7 @@ class Mutant:
     engine: Engine
     workloads: tuple[Workload, ...] = ()
     scenario: Callable[[Engine], list[str]] | None = None
+    threads: int = 0  # random plans of the generic thread/process exploration (M-18)
 
 
 @dataclass(slots=True)
@@ -69,7 +73,16 @@ def check_mutant(mutant: Mutant, *, seed: int = 0, bound: ExploreBound = CI_BOUN
     """Run a mutant's checks on the mutant and on the real engine."""
     start = time.monotonic()
     real = Engine()
-    if mutant.scenario is not None:
+    if mutant.threads:
+        with _quiet():
+            found_runs = explore_threads(mutant.engine, seed=seed, runs=mutant.threads,
+                                         seconds=seconds, stop_after=1)
+            # The real engine runs exactly the plans the mutant ran, up to the one that
+            # caught it (all of them when none did).
+            real_runs = explore_threads(real, seed=seed, runs=found_runs.runs)
+        found = [f"seed {s}: {m}" for s, messages in found_runs.failures for m in messages]
+        real_found = [f"seed {s}: {m}" for s, messages in real_runs.failures for m in messages]
+    elif mutant.scenario is not None:
         with _quiet():
             found = _run_scenario(mutant.scenario, mutant.engine)
             real_found = _run_scenario(mutant.scenario, real)

@@ -12,15 +12,20 @@ the only running thread, until its next checkpoint or until it finishes. So an
 execution is a sequence of atomic steps, one per checkpoint, and the list of
 choices reproduces it exactly (``RunResult.trace`` records it).
 
-Nothing ever blocks for real, by construction, under one rule: *each thread
-drives its own simulated process* (its own ``Disk`` on its own ``ScheduledEnv``).
-The engine's blocking locks (the WAL mutex, the id source's mutex, the dead-task
-store's process-local mutex in ``close``) are per process, so only their own
-thread ever takes them; the locks shared between processes (``flock``) are
-non-blocking seam calls, and the dead-task store's retry loop waits with
-``Env.sleep``, which advances the simulated clock and, being a seam call, yields
-to the scheduler. If a thread nevertheless blocks for real (the rule was broken),
-``run`` raises ``SchedulerStuck`` after ``stuck_timeout_s`` instead of hanging.
+Several threads may drive one simulated process (``spawn(..., process=...)``): they
+share its ``ScheduledEnv``, so its descriptors, open file descriptions and flocks,
+and its ``Disk``, as real threads do (M-15). Nothing ever blocks for real: the
+engine makes every lock its threads share through the Env (``Env.mutex``,
+``Env.condition``), and a ``ScheduledEnv`` hands out ``_schedsync.SchedMutex`` and
+``SchedCondition``, whose acquire is a checkpoint and whose waits park the thread as
+*blocked* (never picked until the mutex is released or the condition notified);
+the locks shared between processes (``flock``) are non-blocking seam calls, and
+the dead-task store's retry loop waits with ``Env.sleep``, which advances the
+simulated clock and, being a seam call, yields to the scheduler. When threads
+remain and every one of them is blocked, ``run`` raises ``SchedulerDeadlock``,
+naming each thread and what it waits for (M-16). If a thread nevertheless blocks
+for real (on a lock made outside the Env), ``run`` raises ``SchedulerStuck`` after
+``stuck_timeout_s`` instead of hanging.
 
 A thread that returns or raises is done and never picked again. ``run(max_steps=n)``
 stops after n steps: the threads still parked at a checkpoint are *aborted*, i.e.
@@ -28,7 +33,8 @@ their pending seam call raises ``SimulatedCrash`` (as if their process had died
 just before it), so a test can follow with ``SimDisk.power_loss`` and treat their
 operations as in flight. ``run(kills={name: n})`` instead aborts one thread alone
 after n steps (a process killed mid-operation) and lets the others run on; its
-``on_kill`` callback kills the simulated process so its locks are released first.
+``on_kill`` callback kills the simulated process so its locks are released first;
+every other thread of the same process is aborted with it (M-17).
 Calls through a ``ScheduledEnv`` from a thread the
 scheduler does not run (the test's main thread setting up, or anything outside
 ``run``) pass straight through.
@@ -49,11 +55,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from deferq._engine.env import Cancel, Env, FileStat, MappedWindow, OpenFlag
+from deferq._engine.env import Env
 from deferq.crashtest._faults import SimulatedCrash
-from deferq.crashtest._window import ForwardingWindow
+from deferq.crashtest._schedenv import ScheduledEnv
+from deferq.crashtest._schedsync import (
+    SchedCondition,
+    SchedMutex,
+    SchedulerDeadlock,
+    SchedulerStuck,
+    SyncPoints,
+)
 
 START: Final = "start"  # the checkpoint of a thread that has not run yet
 STUCK_TIMEOUT_S: Final = 10.0
@@ -62,8 +75,8 @@ Chooser = Callable[[Sequence[str]], int]
 """Given the names of the runnable threads (in spawn order), the index of the one to run."""
 
 
-class SchedulerStuck(RuntimeError):
-    """A scheduled thread blocked for real (outside any checkpoint) for too long."""
+__all__ = ["START", "Aborted", "Outcome", "RunResult", "ScheduledEnv", "Scheduler",
+           "SchedulerDeadlock", "SchedulerStuck", "Step", "choices_from"]
 
 
 class Aborted(SimulatedCrash):
@@ -128,11 +141,15 @@ class RunResult:
 
 
 class _Task:
-    __slots__ = ("abort", "at", "done", "fn", "ident", "name", "outcome", "parked", "thread")
+    __slots__ = ("abort", "at", "blocked", "done", "fn", "ident", "name", "notified", "outcome",
+                 "parked", "process", "thread")
 
-    def __init__(self, name: str, fn: Callable[[], object]) -> None:
+    def __init__(self, name: str, fn: Callable[[], object], process: str) -> None:
         self.name = name
         self.fn = fn
+        self.process = process  # the simulated process this thread belongs to
+        self.blocked: SchedMutex | SchedCondition | None = None  # what it waits for (M-15)
+        self.notified = False
         self.at = START
         self.done = False
         self.parked = False
@@ -142,8 +159,8 @@ class _Task:
         self.thread: threading.Thread | None = None
 
 
-class Scheduler:
-    """Runs spawned callables in threads, one at a time, interleaved at seam calls.
+class Scheduler(SyncPoints):
+    """Runs spawned callables in threads, one at a time, interleaved at seam calls and locks.
 
     Args:
         chooser: a ``Chooser``, or a list of ints for ``choices_from``.
@@ -169,13 +186,17 @@ class Scheduler:
         """A proxy of ``env`` whose every call is a checkpoint of this scheduler."""
         return ScheduledEnv(self, env)
 
-    def spawn(self, name: str, fn: Callable[[], object]) -> None:
-        """Register ``fn`` to run in its own thread when ``run`` is called."""
+    def spawn(self, name: str, fn: Callable[[], object], *, process: str | None = None) -> None:
+        """Register ``fn`` to run in its own thread when ``run`` is called.
+
+        Threads spawned with the same ``process`` are threads of one simulated process
+        (they should share its ``ScheduledEnv``): a kill aborts them together (M-17).
+        """
         if self._used:
             raise RuntimeError("a scheduler runs once; spawn before run")
         if any(task.name == name for task in self._tasks):
             raise ValueError(f"a thread named {name!r} was already spawned")
-        self._tasks.append(_Task(name, fn))
+        self._tasks.append(_Task(name, fn, name if process is None else process))
 
     # ------------------------------------------------------------------ running
 
@@ -222,9 +243,12 @@ class Scheduler:
                 for name in due:
                     del kills[name]
                     self._kill(name, on_kill)
-                runnable = [task for task in self._tasks if not task.done]
-                if not runnable:
+                live = self._live()
+                if not live:
                     return
+                runnable = [task for task in live if task.blocked is None]
+                if not runnable:
+                    raise self._deadlock(live)  # M-16
                 if max_steps is not None and len(result.trace) >= max_steps:
                     result.stopped_early = True
                     return
@@ -243,17 +267,32 @@ class Scheduler:
         return task is not None and not task.done and task.at == when
 
     def _kill(self, name: str, on_kill: Callable[[str], None] | None) -> None:
-        """Abort one parked thread and wait until it has unwound (the lock is held)."""
-        task = next((t for t in self._tasks if t.name == name), None)
-        if task is None or task.done:
+        """Abort a parked thread and every other thread of its process (M-17), one at a
+        time, and wait until each has unwound (the lock is held)."""
+        killed = next((t for t in self._tasks if t.name == name), None)
+        if killed is None or killed.done:
             return
-        task.abort = True
-        self._turn = task
-        self._cv.notify_all()
-        if not self._cv.wait_for(lambda: task.done, self._stuck_timeout_s):
-            raise SchedulerStuck(f"thread {name!r} did not unwind after being killed")
+        for task in [killed, *(t for t in self._tasks if t.process == killed.process)]:
+            if task.done:
+                continue
+            task.abort = True
+            self._turn = task
+            self._cv.notify_all()
+            if not self._cv.wait_for(lambda task=task: task.done,  # type: ignore[misc]
+                                     self._stuck_timeout_s):
+                raise SchedulerStuck(f"thread {task.name!r} did not unwind after being killed")
         if on_kill is not None:
             on_kill(name)
+
+    def _live(self) -> list[_Task]:
+        return [task for task in self._tasks if not task.done]
+
+    def _current(self) -> _Task | None:
+        """The scheduled thread calling, during a run; None for any other caller."""
+        task = self._by_ident.get(threading.get_ident())
+        if task is None or not self._running or task.done:
+            return None
+        return task
 
     def _settled(self) -> bool:
         """Nobody holds the turn and every live thread is parked at a checkpoint."""
@@ -307,129 +346,6 @@ class Scheduler:
 
     def checkpoint(self, op: str) -> None:
         """Called before every seam call; a no-op outside the scheduled threads."""
-        task = self._by_ident.get(threading.get_ident())
-        if task is None or not self._running or task.done:
-            return
-        self._park(task, op)
-
-
-class ScheduledEnv:
-    """An ``Env`` proxy: a scheduler checkpoint, then the wrapped call."""
-
-    def __init__(self, scheduler: Scheduler, env: Env) -> None:
-        self._scheduler = scheduler
-        self.inner = env
-        self.reserve_bytes = env.reserve_bytes
-        self.map_granularity = env.map_granularity
-
-    def _point(self, op: str) -> None:
-        self._scheduler.checkpoint(op)
-
-    # --- files
-    def open(self, path: str, flags: OpenFlag, mode: int = 0o600) -> int:
-        self._point("open")
-        return self.inner.open(path, flags, mode)
-
-    def pread(self, fd: int, size: int, offset: int) -> bytes:
-        self._point("pread")
-        return self.inner.pread(fd, size, offset)
-
-    def write(self, fd: int, data: bytes) -> int:
-        self._point("write")
-        return self.inner.write(fd, data)
-
-    def fsync(self, fd: int) -> None:
-        self._point("fsync")
-        self.inner.fsync(fd)
-
-    def ftruncate(self, fd: int, size: int) -> None:
-        self._point("ftruncate")
-        self.inner.ftruncate(fd, size)
-
-    def allocate(self, fd: int, offset: int, length: int) -> None:
-        self._point("allocate")
-        self.inner.allocate(fd, offset, length)
-
-    def seek(self, fd: int, offset: int) -> None:
-        self._point("seek")
-        self.inner.seek(fd, offset)
-
-    def map_shared(self, fd: int, offset: int, length: int) -> MappedWindow:
-        self._point("map")
-        # Each store is a scheduling point, as a write is (W-26).
-        return ForwardingWindow(self.inner.map_shared(fd, offset, length),
-                                lambda size: self._point("write"))
-
-    def fstat(self, fd: int) -> FileStat:
-        self._point("fstat")
-        return self.inner.fstat(fd)
-
-    def close(self, fd: int) -> None:
-        self._point("close")
-        self.inner.close(fd)
-
-    def flock_exclusive_nb(self, fd: int) -> bool:
-        self._point("flock_exclusive_nb")
-        return self.inner.flock_exclusive_nb(fd)
-
-    def flock_unlock(self, fd: int) -> None:
-        self._point("flock_unlock")
-        self.inner.flock_unlock(fd)
-
-    # --- names
-    def rename(self, src: str, dst: str) -> None:
-        self._point("rename")
-        self.inner.rename(src, dst)
-
-    def unlink(self, path: str) -> None:
-        self._point("unlink")
-        self.inner.unlink(path)
-
-    def makedirs(self, path: str, mode: int = 0o700) -> None:
-        self._point("makedirs")
-        self.inner.makedirs(path, mode)
-
-    def listdir(self, path: str) -> list[str]:
-        self._point("listdir")
-        return self.inner.listdir(path)
-
-    def fsync_dir(self, path: str) -> None:
-        self._point("fsync_dir")
-        self.inner.fsync_dir(path)
-
-    # --- process facts
-    def time(self) -> float:
-        self._point("time")
-        return self.inner.time()
-
-    def monotonic(self) -> float:
-        self._point("monotonic")
-        return self.inner.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        self._point("sleep")
-        self.inner.sleep(seconds)
-
-    def getpid(self) -> int:
-        self._point("getpid")
-        return self.inner.getpid()
-
-    def random_u32(self) -> int:
-        self._point("random_u32")
-        return self.inner.random_u32()
-
-    def local_date(self) -> str:
-        self._point("local_date")
-        return self.inner.local_date()
-
-    def call_every(self, interval_s: float, callback: Callable[[], None]) -> Cancel:
-        self._point("call_every")
-        return self.inner.call_every(interval_s, callback)
-
-    def __repr__(self) -> str:
-        return f"ScheduledEnv({self.inner!r})"
-
-
-if TYPE_CHECKING:
-    def _implements_env(env: ScheduledEnv) -> Env:
-        return env
+        task = self._current()
+        if task is not None:
+            self._park(task, op)

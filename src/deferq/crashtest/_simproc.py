@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import errno
 import random
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from deferq._engine.env import Cancel, OpenFlag
+from deferq._engine.env import Cancel, Condition, Mutex, OpenFlag
 from deferq.crashtest._faults import Crash, Eio, Enospc, Fault, SimulatedCrash
 from deferq.crashtest._inode import Inode, os_error
 from deferq.crashtest._window import SimWindow
@@ -126,6 +127,19 @@ class SimProcess:
         self._check_alive()
         with self._disk.lock:
             return self._disk.timers.add(self._disk.clock, interval_s, callback, self._pid)
+
+    def mutex(self) -> Mutex:
+        """Implements M-15 without a scheduler: a real lock, as the OS's Env gives.
+
+        A ``Scheduler`` that runs several threads of this process wraps it in a
+        ``ScheduledEnv``, which makes its own (``_schedsync``) instead.
+        """
+        return threading.Lock()
+
+    def condition(self, mutex: Mutex) -> Condition:
+        # Only this Env's own mutexes come back here: threading.Lock objects.
+        assert isinstance(mutex, type(threading.Lock())), mutex
+        return threading.Condition(mutex)
 
     def __repr__(self) -> str:
         state = "alive" if self._alive else "dead"

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from deferq._engine.env import Cancel as _Cancel
+from deferq._engine.env import Condition as _Condition
+from deferq._engine.env import Mutex as _Mutex
 from deferq._engine.env import FileStat as _FileStat
 from deferq._engine.env import MappedWindow as _MappedWindow
 from deferq._engine.env import OpenFlag as _OpenFlag
@@ -143,3 +145,9 @@ class TracingEnv:
 
     def call_every(self, interval_s: float, callback: Callable[[], None]) -> _Cancel:
         return self.inner.call_every(interval_s, callback)
+
+    def mutex(self) -> _Mutex:
+        return self.inner.mutex()
+
+    def condition(self, mutex: _Mutex) -> _Condition:
+        return self.inner.condition(mutex)

@@ -12,6 +12,9 @@ never imports it (tests/unit/test_layering.py). ``MUTANTS`` is the registry read
 crash-test`` and by ``tests/mutants/test_mutants_are_caught.py``: each entry names what it
 breaks and what catches it.
 
+Mutants that change the order of the dead-task store's two locks (``locks``) have no
+scenario: the generic exploration of interleaved threads and processes (M-18) catches them.
+
 Concurrency mutants (process-local exclusion, flock on the data file, a cached data
 descriptor, a blocking lock) are caught by small deterministic scenarios: two threads
 or two simulated processes on one ``SimDisk``, where a hook on one thread's seam call
@@ -21,8 +24,8 @@ parks it and runs the other one until that one finishes or sleeps in its lock re
 from __future__ import annotations
 
 from deferq.crashtest._mutants import Mutant
-from deferq.crashtest.catalogue import dead, wal
+from deferq.crashtest.catalogue import dead, locks, wal
 
-MUTANTS: tuple[Mutant, ...] = dead.MUTANTS + wal.MUTANTS
+MUTANTS: tuple[Mutant, ...] = dead.MUTANTS + wal.MUTANTS + locks.MUTANTS
 
 __all__ = ["MUTANTS"]
