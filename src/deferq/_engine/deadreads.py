@@ -22,7 +22,6 @@ below without a body are the store's (``deadstore.py``).
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -46,8 +45,9 @@ from deferq._engine.deadstream import (
     stepped_tasks,
 )
 from deferq._engine.env import Env, FileStat, OpenFlag
+from deferq._engine.lazylog import Log
 
-log = logging.getLogger("deferq")
+log = Log("deferq")  # logging itself on the first message (lazylog.py)
 
 
 class DeadReads:

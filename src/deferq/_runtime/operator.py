@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from deferq._core.types import DeadTask
-from deferq._runtime.serialize import reset_attempts
 from deferq.backends.protocol import Backend, DeadTaskAdmin, DeadTaskFilters
 
 
@@ -125,6 +124,8 @@ class Operator:
         """
         if self._wal is None:
             raise RuntimeError("retry needs a WAL backend")
+        # The context codec (pickle, hmac) only here: the read commands never need it.
+        from deferq._runtime.serialize import reset_attempts  # noqa: PLC0415
         found: list[DeadTask] = []
         missing: list[str] = []
         for task_id in dict.fromkeys(ids):
