@@ -36,6 +36,7 @@ from deferq._runtime.hooks import (
 )
 from deferq._runtime.jsontypes import JsonTypes
 from deferq._runtime.options import ConfiguredTask
+from deferq._runtime.periodic import Schedule, Schedules
 from deferq._runtime.serialize import ContextCodec, ContextError, SerializationError
 from deferq._runtime.task import Task, TaskFunction, TaskRegistry, task, task_deps
 from deferq._core.types import DeadTask, PendingTask
@@ -63,6 +64,8 @@ __all__ = [
     "Queue",
     "ReplaySource",
     "Retried",
+    "Schedule",
+    "Schedules",
     "SerializationError",
     "StorageBrokenError",
     "StorageClosedError",
