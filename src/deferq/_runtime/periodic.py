@@ -29,7 +29,7 @@ import contextlib
 import datetime
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Final, Protocol
 
 from deferq._core.cron import (Cron, interval_latest_due, interval_next_due, latest_due,
@@ -61,7 +61,7 @@ class Prepare(Protocol):
 Persist = Callable[[bytes, Context, type[Task], tuple[int | None, int | None]], Awaitable[str]]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True)
 class Schedule:
     """A task enqueued at every due time of a cron expression or an interval (Q-120, Q-123).
 
@@ -77,6 +77,7 @@ class Schedule:
     """
 
     task: object
+    _: KW_ONLY
     cron: str | None = None
     every: datetime.timedelta | int | None = None
     name: str | None = None
