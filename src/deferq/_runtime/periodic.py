@@ -1,4 +1,4 @@
-"""Periodic tasks: schedules fired once per due time by one leader per directory (spec/queue.md Q-120..Q-134).
+"""Periodic tasks: schedules fired once per due time by one leader per directory (spec/queue.md Q-120..Q-130).
 
 Theory of operation. A ``Schedule`` names a task, its arguments, and its due times: a
 cron expression or an interval (``_core/cron.py``). A queue given schedules runs one
@@ -212,7 +212,9 @@ class Periodic:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await asyncio.to_thread(self._records.close)
+        # A close of the lock file, on the loop: awaiting a thread here would let executions
+        # that have not begun start while the queue stops (Q-15).
+        self._records.close()
 
     async def _run(self) -> None:
         while not self._stopping:
