@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import deferq
+from deferq._core.frame import frame
 from deferq._core.names import schedules_data_name, schedules_lock_name, schedules_tmp_name
 from deferq._core.schedcodec import decode_schedules
 from deferq._engine.osenv import OS_ENV
@@ -278,3 +279,30 @@ def test_on_memory_the_records_are_kept_in_memory() -> None:
 
     run(main())
     assert RAN == [5, 5]
+
+
+@pytest.mark.spec("F-45", "Q-125")
+def test_a_damaged_record_line_is_dropped_logged_and_its_schedule_starts_afresh(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    RAN.clear()
+    good = frame(b"fired kept %d" % START)
+    (tmp_path / schedules_data_name(PREFIX)).write_bytes(
+        good + b"00000000:fired lost %d\n" % START)  # a CRC mismatch
+    clock = DrivenClock(START + 130)
+
+    async def main() -> list[tuple[str, int]]:
+        with Disk(path=tmp_path, fsync_frequency=0) as disk:
+            queue = deferq.Queue(disk, registry=REG, clock=clock, schedules=[
+                deferq.Schedule(Tick, every=60, name="kept", args=(1,)),
+                deferq.Schedule(Tick, every=60, name="lost", args=(2,))])
+            await queue.start()
+            await parked(clock)
+            await queue.stop()
+            return [(name, due) for name, due, _ in periodic_of(queue).firings]
+
+    with caplog.at_level(logging.WARNING, "deferq.schedules"):
+        firings = run(main())
+    assert "1 damaged line(s)" in caplog.text
+    assert firings == [("kept", START + 120)]  # "lost" starts afresh, without firing
+    assert RAN == [1]
+    assert records(tmp_path) == {"kept": START + 120, "lost": START + 120}
