@@ -29,11 +29,14 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 class Worker:
     """One worker process and its ``fired`` lines, read on a thread."""
 
-    def __init__(self, path: Path, seconds: float, lines: queues.Queue[tuple[int, int]]) -> None:
+    def __init__(self, path: Path, seconds: float, lines: queues.Queue[tuple[int, int]],
+                 mode: str = "") -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.multiprocess.periodic_worker", str(path), str(seconds)],
+            [sys.executable, "-m", "tests.multiprocess.periodic_worker", str(path), str(seconds),
+             mode],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.ready = threading.Event()
+        self.started: queues.Queue[tuple[str, int]] = queues.Queue()
         self._lines = lines
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -44,6 +47,8 @@ class Worker:
             word, *rest = line.split()
             if word == "ready":
                 self.ready.set()
+            elif word == "started":
+                self.started.put((rest[0], int(rest[1])))
             elif word == "fired":
                 self._lines.put((int(rest[0]), int(rest[1])))
 
@@ -140,3 +145,25 @@ def test_a_restart_after_a_downtime_fires_the_missed_due_times_once(tmp_path: Pa
     # ones before it are not fired one by one.
     assert dues[0] >= before[-1][0] + 2 and dues[0] >= int(restarted_at)
     assert dues[1] == dues[0] + 1
+
+
+@pytest.mark.spec("Q-131", "D-28")
+def test_a_new_leader_adopts_what_the_dead_leader_fired_and_its_key_absorbs_the_repeat(
+        tmp_path: Path) -> None:
+    lines: queues.Queue[tuple[int, int]] = queues.Queue()
+    dying = Worker(tmp_path, 30, lines, "hold-die")  # leads: it starts first
+    dying.wait_ready()
+    follower = Worker(tmp_path, 30, lines, "hold")
+    follower.wait_ready()
+    ((due, pid),) = take(lines, 1)
+    assert pid == dying.proc.pid
+    task_id, _ = dying.started.get(timeout=20)
+    assert dying.proc.wait(20) == -signal.SIGKILL  # killed before the record of ``due``
+    adopted_id, runner = follower.started.get(timeout=20)
+    later = take(lines, 2)
+    follower.kill()
+    assert (adopted_id, runner) == (task_id, follower.proc.pid)  # Q-131: adopted and run
+    # D-28's repeat of ``due`` was absorbed by its key: the follower never enqueued it again.
+    assert all(pid == follower.proc.pid for _, pid in later)
+    assert [d for d, _ in later] == list(range(later[0][0], later[0][0] + 2))
+    assert later[0][0] > due

@@ -1,4 +1,4 @@
-"""Periodic tasks: schedules fired once per due time by one leader per directory (spec/queue.md Q-120..Q-130).
+"""Periodic tasks: schedules fired once per due time by one leader per directory (spec/queue.md Q-120..Q-131).
 
 Theory of operation. A ``Schedule`` names a task, its arguments, and its due times: a
 cron expression or an interval (``_core/cron.py``). A queue given schedules runs one
@@ -9,14 +9,16 @@ a non-blocking flock, L-9) every ``poll_s`` seconds until it is (L-11); the lead
 2. whenever a schedule's latest due time at or before now is later than its record, it
    *fires* it: enqueues the task with the unique key ``deferq.schedule:<name>:<due>`` and
    the metadata ``deferq.schedule``/``deferq.due``, waits until the task is durable in the
-   WAL, and only then writes the due time as the record (Q-128, D-28). Due times missed
+   WAL, and only then writes the due time as the record (Q-128, D-28). Before its first
+   firing, a worker that has just become the leader runs one adoption sweep (Q-131). Due times missed
    while no worker led (every worker down, a leader dead) fire once, at the latest of
    them (Q-126): a schedule never fires twice for one wake-up and never goes backwards;
 3. sleeps on the queue's clock until the next due time of any schedule, at most
    ``poll_s``, so a jump of the wall clock is noticed soon.
 A crash between a durable enqueue and its record's rename fires that due time again when
 the next leader takes over (D-28), unless the task is still pending in the WAL the next
-leader replayed, whose key then absorbs the repeat (Q-52). A firing that fails (the
+leader replayed at start or adopted when it took the lead, whose key then absorbs the repeat
+(Q-52, Q-131). A firing that fails (the
 backend refuses the task) is logged and tried again at the next wake-up. ``stop`` waits
 for a firing in flight, cancels only a sleep, and releases the lock (L-10).
 """
@@ -38,6 +40,7 @@ from deferq._core.errors import StorageBrokenError, StorageClosedError
 from deferq._core.schedcodec import schedule_name_problem
 from deferq._runtime.clock import Clock
 from deferq._runtime.serialize import Context
+from deferq._runtime.sweeper import Sweeper
 from deferq._runtime.task import Task, task_class_of
 from deferq.backends.protocol import Backend, ClaimingBackend, ScheduleKeeper, ScheduleRecords
 
@@ -181,7 +184,8 @@ class Periodic:
     """The queue's schedules loop: lead, catch up, fire each due time, sleep (Q-124..Q-130)."""
 
     def __init__(self, schedules: Schedules, records: ScheduleRecords, prepare: Prepare,
-                 persist: Persist, sync: Callable[[], None], clock: Clock) -> None:
+                 persist: Persist, sync: Callable[[], None], clock: Clock,
+                 adopt: Callable[[], Awaitable[bool]] | None = None) -> None:
         self._dues = [_Due(s) for s in schedules.items]
         self._prepare = prepare
         self._persist = persist
@@ -189,6 +193,7 @@ class Periodic:
         self._records = records
         self._sync = sync
         self._clock = clock
+        self._adopt = adopt
         self._fired: dict[str, int] | None = None  # read once this loop leads
         self._task: asyncio.Task[None] | None = None
         self._busy = False
@@ -240,6 +245,10 @@ class Periodic:
         if self._fired is None:
             if not await asyncio.to_thread(records.try_lead):
                 return self.poll_s  # Implements L-11: a follower polls the lock.
+            if self._adopt is not None:
+                # Implements Q-131: what a dead leader fired and left pending is adopted, and
+                # its key registered, before this worker fires anything (D-28).
+                await self._adopt()
             self._fired = await asyncio.to_thread(records.read)
             log.info("periodic schedules: this worker leads (%d schedule(s))", len(self._dues))
         fired = self._fired
@@ -274,7 +283,7 @@ class Periodic:
 
 
 def periodic_for(schedules: Iterable[Schedule], backend: Backend, prepare: Prepare,
-                 persist: Persist, clock: Clock) -> Periodic:
+                 persist: Persist, clock: Clock, sweeper: Sweeper | None) -> Periodic:
     """The queue's ``Periodic`` for its ``schedules=`` argument (idle when there are none).
 
     Implements Q-127: the records and leader lock of a backend's storage directory when it
@@ -288,7 +297,8 @@ def periodic_for(schedules: Iterable[Schedule], backend: Backend, prepare: Prepa
         raise ValueError("schedules need a Disk backend (or one with open_schedules): "
                          f"{type(backend).__name__} is shared by workers with no leader lock")
     records = backend.open_schedules() if isinstance(backend, ScheduleKeeper) else LocalRecords()
-    return Periodic(checked, records, prepare, persist, backend.sync, clock)
+    adopt = None if sweeper is None else sweeper.sweep_once
+    return Periodic(checked, records, prepare, persist, backend.sync, clock, adopt)
 
 
 def _no_sync() -> None:

@@ -142,7 +142,8 @@ class Queue(DeadTaskApi):
         # on a shared backend (Postgres) the queue also runs the due tasks it claims.
         self._claimer = (Claimer(backend, self._scheduler, self._executor, self.clock)
                          if isinstance(backend, ClaimingBackend) else None)
-        self._periodic = periodic_for(schedules, backend, self._prepare, self._apersist, self.clock)
+        self._periodic = periodic_for(schedules, backend, self._prepare, self._apersist,
+                                      self.clock, self._sweeper)
 
     # ------------------------------------------------------------------ introspection
     @property
