@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     from deferq._runtime.hooks import TaskSucceeded
     from deferq._runtime.jsontypes import JsonTypes
     from deferq._runtime.options import ConfiguredTask
+    from deferq._runtime.periodic import Schedule
+    from deferq._runtime.periodic import Schedules
     from deferq._runtime.serialize import ContextCodec
     from deferq._runtime.serialize import ContextError
     from deferq._runtime.serialize import SerializationError
@@ -86,6 +88,8 @@ _MODULE_OF: Final = {
     "QueueStateError": "deferq._core.errors",
     "ReplaySource": "deferq._runtime.hooks",
     "Retried": "deferq._runtime.operator",
+    "Schedule": "deferq._runtime.periodic",
+    "Schedules": "deferq._runtime.periodic",
     "SerializationError": "deferq._runtime.serialize",
     "StorageBrokenError": "deferq._core.errors",
     "StorageClosedError": "deferq._core.errors",
@@ -147,6 +151,8 @@ __all__ = [
     "Queue",
     "ReplaySource",
     "Retried",
+    "Schedule",
+    "Schedules",
     "SerializationError",
     "StorageBrokenError",
     "StorageClosedError",
