@@ -106,16 +106,22 @@ def test_pending_list_agrees_with_every_corpus_case(tmp_path: Path,
 def test_dead_list_offset_pages_partition_through_a_real_cli(tmp_path: Path) -> None:
     store = tmp_path / "store"
     names = [f"t{n}" for n in range(7)]
+    places: list[str | None] = []  # oldest first; None: an undecodable record's place (S-33)
     with Disk(path=store, fsync_frequency=0) as disk:
         for n, name in enumerate(names):
             disk.add_dead_task(name, b"", RuntimeError(name), task_class="T", attempts=1)
+            places.append(name)
             if n % 2 == 0:  # valid frame, JSON that does not decode (R-@G)
                 with (store / "deferred-dead_tasks-0").open("ab") as f:
                     f.write(frame(b'dead_task:bad%d:{"not":"a dead task"}' % n))
+                places.append(None)
+    places.reverse()
     seen: list[str] = []
-    for offset in range(0, 9, 3):
+    for offset in range(0, len(places), 3):
         page = _deferq("dead", "list", "--json", "--path", str(store),
                        "--offset", str(offset), "--limit", "3")
+        assert [row["id"] for row in page] == [
+            p for p in places[offset:offset + 3] if p is not None], offset
         seen.extend(row["id"] for row in page)
     assert seen == names[::-1]
 

@@ -79,6 +79,34 @@ def test_drain_runs_delayed_tasks_and_retries_to_the_end_in_no_wall_time() -> No
     assert time.monotonic() - began < 5  # an hour of delays and four retries, run dry
 
 
+class _Outcomes(deferq.Hooks):
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def on_succeeded(self, event: deferq.TaskSucceeded) -> None:
+        self.seen.append(f"ok {event.task_name}")
+
+    def on_dead_lettered(self, event: deferq.TaskDeadLettered) -> None:
+        self.seen.append(f"dead {event.task_name} after {event.attempt}")
+
+
+@pytest.mark.spec("C-21", "Q-100")
+def test_a_kit_queue_takes_hooks_and_drain_delivers_their_events() -> None:
+    kit = _kit()
+    outcomes = _Outcomes()
+
+    async def main() -> None:
+        queue = kit.queue(hooks=[outcomes])
+        await queue.start()
+        queue.enqueue(Remind, "now")
+        queue.enqueue(Flaky)
+        await kit.drain(queue)
+        await queue.stop(timeout=1)
+
+    asyncio.run(main())
+    assert sorted(outcomes.seen) == ["dead kit.Flaky after 4", "ok kit.Remind"]
+
+
 @pytest.mark.spec("C-21")
 def test_a_second_queue_on_the_kit_replays_what_the_first_left_pending() -> None:
     kit = _kit()

@@ -249,6 +249,44 @@ def test_the_library_and_the_operator_commands_load_no_tool(setup: str, tmp_path
     assert tools == [], f"{setup!r} loaded {tools}"
 
 
+# What a reading command has no use for: the queue runtime, the PostgreSQL backend, the
+# context codec (pickle), asyncio; and for the dead-task reads, logging until a message
+# (stats also scans the WAL files, which log). Each was on `deferq dead list`'s start-up
+# before the package and the CLI loaded them on first use (issue #17 item 8).
+_NOT_FOR_READS = ("deferq._runtime.queue", "deferq._runtime.serialize", "deferq.backends.postgres",
+                  "deferq.backends.disk", "deferq._engine.wal", "asyncio", "pickle", "shutil")
+
+_ALL_MODULES = """
+import json, sys
+{setup}
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("setup", "also_not"), [
+    ("import deferq", ("logging",)),
+    ("from deferq._cli import main\nmain(['stats', '--path', 'store'])", ()),
+    ("from deferq._cli import main\nmain(['dead', 'list', '--path', 'store'])", ("logging",)),
+    ("from deferq._cli import main\nmain(['dead', 'show', 'x', '--path', 'store'])",
+     ("logging",)),
+])
+def test_the_package_and_the_reading_commands_load_only_what_they_use(
+        setup: str, also_not: tuple[str, ...], tmp_path: Path) -> None:
+    from deferq.backends import Disk
+
+    Disk(path=tmp_path / "store").close()
+    result = subprocess.run([sys.executable, "-c", _ALL_MODULES.format(setup=setup)],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True)
+    loaded = set(json.loads(result.stdout.strip().splitlines()[-1]))
+    assert "deferq" in loaded
+    assert sorted(loaded.intersection(_NOT_FOR_READS + also_not)) == [], setup
+    # The names are still there, loaded on first use.
+    import deferq
+    assert deferq.Queue.__module__ == "deferq._runtime.queue"
+    assert set(dir(deferq)) >= set(deferq.__all__)
+
+
 @pytest.mark.slow
 def test_the_probe_sees_a_tool_when_one_is_loaded(tmp_path: Path) -> None:
     loaded = _loaded("import deferq.crashtest", tmp_path)

@@ -13,18 +13,28 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from deferq import __version__
 from deferq._cli import conformance, crash, db, demos, ops, power
 from deferq._cli.output import print_json, safe
-from deferq._cli.parser import Parser
+from deferq._cli.parser import Parser, Subcommands
 from deferq._cli.store import CommandError
 from deferq._core.errors import DeferqError
 
 Handler = Callable[[argparse.Namespace], int]
 
+# The area that registers each command. A command line that starts with one of these names
+# builds only that area's parsers: building every command's parser was about a tenth of a
+# `deferq dead list` (most of it gettext lookups, one per argument). Anything else (an
+# option first, no command, a typo, --help) builds them all. A test checks this table
+# against what each area registers.
+AREA_OF: Final = {"demo": "demos", "queue-demo": "demos", "dead": "ops", "pending": "ops",
+                  "stats": "ops", "verify": "ops", "crash-test": "crash",
+                  "power-test": "power", "conformance": "conformance", "db": "db"}
 
-def build_parser() -> Parser:
+
+def build_parser(command: str | None = None) -> Parser:
     """The ``deferq`` argument parser. Each area registers its own subcommands.
 
     Area modules (``ops``: operator commands; ``demos``: the two demos; ``crash``: the
@@ -32,7 +42,8 @@ def build_parser() -> Parser:
     which adds subparsers whose ``handler`` default takes the parsed arguments and
     returns the exit status. Only ``ops`` imports the library at load time: the demos,
     the simulator and the power harness are imported by their handlers, so an operator
-    command never loads them.
+    command never loads them. With ``command`` (the first word of the command line) named
+    in ``AREA_OF``, only its area registers.
     """
     parser = Parser(
         prog="deferq", description="deferq: durable deferred tasks. Demos, operator tools "
@@ -50,10 +61,14 @@ def build_parser() -> Parser:
     parser.add_argument("--schema", default=argparse.SUPPRESS,
                         help="PostgreSQL schema (default: $DEFERQ_SCHEMA, else deferq)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in (demos.register, ops.register, crash.register, power.register,
-                     conformance.register):
-        register(sub)
-    db.register(sub, ops.EXIT_STATUSES)
+    areas: dict[str, Callable[[Subcommands], None]] = {
+        "demos": demos.register, "ops": ops.register, "crash": crash.register,
+        "power": power.register, "conformance": conformance.register,
+        "db": lambda sub: db.register(sub, ops.EXIT_STATUSES)}
+    only = AREA_OF.get(command) if command is not None else None
+    for area, register in areas.items():
+        if only is None or area == only:
+            register(sub)
     return parser
 
 
@@ -66,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        command = argv[0] if argv and not argv[0].startswith("-") else None
+        args = build_parser(command).parse_args(argv)
     except CommandError as exc:
         return _failed(argparse.Namespace(json="--json" in argv), str(exc), exc.status)
     handler: Handler = args.handler

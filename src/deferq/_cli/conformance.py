@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Final
 
 from deferq._cli.parser import Subcommands
@@ -45,5 +44,6 @@ def _conformance(args: argparse.Namespace) -> int:
     if not command:
         print("deferq conformance: error: no reader command given (after --)", file=sys.stderr)
         return 2
+    from pathlib import Path  # noqa: PLC0415 - not on the operator commands' start-up
     corpus = default_corpus() if args.corpus is None else Path(args.corpus)
     return run(corpus, command_reader(command), sys.stdout)

@@ -16,13 +16,15 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from deferq._cli.output import print_json
 from deferq._cli.parser import EXIT_USAGE, Parser, Subcommands
 from deferq._cli.store import CommandError
 from deferq.backends._pgschema import DEFAULT_SCHEMA, check_schema_name
-from deferq.backends.postgres import Postgres, migrate_schema
+
+if TYPE_CHECKING:  # imported by the commands that open a database: not on a file store's path
+    from deferq.backends.postgres import Postgres
 
 DSN_VARIABLE: Final = "DEFERQ_DSN"
 SCHEMA_VARIABLE: Final = "DEFERQ_SCHEMA"
@@ -50,6 +52,7 @@ def open_database(args: argparse.Namespace) -> Postgres | None:
     if database is None:
         return None
     dsn, schema = database
+    from deferq.backends.postgres import Postgres  # noqa: PLC0415 - only with a database
     return Postgres(dsn=dsn, schema=schema)
 
 
@@ -67,6 +70,7 @@ def _migrate(args: argparse.Namespace, *, create: bool) -> int:
         raise CommandError(f"db {'init' if create else 'upgrade'} needs a database: give --dsn "
                            f"or set {DSN_VARIABLE}", EXIT_USAGE)
     dsn, schema = database
+    from deferq.backends.postgres import migrate_schema  # noqa: PLC0415 - only with a database
     before, after = migrate_schema(dsn, schema, create=create)
     if args.json:
         print_json({"schema": schema, "version_before": before, "version": after})

@@ -21,7 +21,7 @@ import argparse
 import os
 import sys
 from collections.abc import Iterable, Iterator
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from deferq._cli.db import open_database
 from deferq._cli.output import (
@@ -41,9 +41,10 @@ from deferq._core.taskid import check_task_id
 from deferq._core.types import DeadTask
 from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.osenv import DirEnv
-from deferq._engine.walorphan import HandoffWal
 from deferq._runtime.operator import Operator, Retried
-from deferq.backends import Postgres
+
+if TYPE_CHECKING:  # a database's store is opened by open_database, on demand
+    from deferq.backends.postgres import Postgres
 
 EXIT_NOT_FOUND: Final = 3
 DEAD_HEADERS: Final = ("ID", "TASK CLASS", "ATTEMPTS", "FAILED AT", "EXCEPTION")
@@ -82,9 +83,10 @@ class DeadStoreView:
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
         return [] if self._store is None else self._store.list_tasks(limit, offset)
 
-    def iter_dead_tasks(self, *, offset: int = 0) -> Iterator[DeadTask]:
+    def iter_dead_tasks(self, *, offset: int = 0, limit: int | None = None
+                        ) -> Iterator[DeadTask]:
         """The store read in lock steps (S-27): what the operator's long reads use (Q-90)."""
-        return iter(()) if self._store is None else self._store.iter_tasks(offset)
+        return iter(()) if self._store is None else self._store.iter_tasks(offset, limit)
 
     def find_dead_task(self, task_id: str) -> DeadTask | None:
         tid = check_task_id(task_id)
@@ -251,6 +253,7 @@ def dead_retry(args: argparse.Namespace) -> int:
                 # as root, given to the directory's owner, so a worker can adopt it.
                 handoff_env = DirEnv(path)
                 try:
+                    from deferq._engine.walorphan import HandoffWal  # noqa: PLC0415
                     with HandoffWal(handoff_env, path, prefix) as handoff:
                         retried, missing = Operator(dead, handoff).retry_dead(
                             ids, on_task=progress.step)

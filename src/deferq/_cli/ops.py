@@ -45,8 +45,6 @@ from deferq._core.names import is_wal_file_name
 from deferq._engine.env import OpenFlag
 from deferq._engine.io import records_end
 from deferq._engine.osenv import OS_ENV
-from deferq._engine.scan import scan_pending
-from deferq._engine.verify import verify_directory
 from deferq._runtime.operator import Operator
 
 EXIT_DAMAGED: Final = 4
@@ -109,6 +107,7 @@ def pending_list(args: argparse.Namespace) -> int:
     if on_database is not None:
         return on_database
     path, prefix = _storage(args)
+    from deferq._engine.scan import scan_pending  # noqa: PLC0415 - pending commands only
     scan = scan_pending(OS_ENV, path, prefix)  # W-42: one replay of every file, as recovery
     if args.json:
         print_json([{"file": scan.origin[task.task_id], "id": task.task_id,
@@ -162,6 +161,7 @@ def stats(args: argparse.Namespace) -> int:
     if on_database is not None:
         return on_database
     path, prefix = _storage(args)
+    from deferq._engine.scan import scan_pending  # noqa: PLC0415 - pending commands only
     scan = scan_pending(OS_ENV, path, prefix)  # W-42: the merge recovery would make
     view = DeadStoreView(path, prefix, read_only=True)  # S-32
     try:
@@ -192,6 +192,7 @@ def verify(args: argparse.Namespace) -> int:
     path, prefix = _storage(args)
     progress = Progress("verify: files scanned")
     try:
+        from deferq._engine.verify import verify_directory  # noqa: PLC0415 - verify only
         reports = verify_directory(OS_ENV, path, prefix, on_file=lambda _name: progress.step())
     finally:
         progress.close()

@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from typing import Final
 
 from deferq._core.types import DeadTask
-from deferq._runtime.serialize import ContextError, decode_context
 
 # Characters of stored data that a terminal may act on: C0 controls (tab and newline
 # included: a value never spans cells or lines), DEL, C1 controls, and the Unicode
@@ -120,6 +119,8 @@ def dead_json(task: DeadTask) -> dict[str, object]:
 
 def context_summary(context: bytes) -> tuple[str, str]:
     """(task name, attempts) of a queue context for people; ``?`` when it does not decode."""
+    # The codec (pickle, hmac) on demand: `dead list` never shows a context.
+    from deferq._runtime.serialize import ContextError, decode_context  # noqa: PLC0415
     try:
         decoded = decode_context(context)
     except ContextError:

@@ -75,3 +75,18 @@ def dead_lock_name(prefix: str) -> str:
 def dead_tmp_name(prefix: str) -> str:
     """The dead-task store's compaction staging file (F-9)."""
     return f"{dead_data_name(prefix)}.tmp"
+
+
+def schedules_data_name(prefix: str) -> str:
+    """The periodic schedules' record file, replaced whole by a rename (F-42)."""
+    return f"{prefix}schedules-1"
+
+
+def schedules_lock_name(prefix: str) -> str:
+    """The periodic schedules' leader lock file, never renamed or unlinked (F-42, L-9)."""
+    return f"{prefix}schedules.lock"
+
+
+def schedules_tmp_name(prefix: str) -> str:
+    """The staging file a new record file is written to before its rename (F-42)."""
+    return f"{schedules_data_name(prefix)}.tmp"

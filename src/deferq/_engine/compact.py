@@ -30,7 +30,6 @@ are the store's (``deadstore.py``) or its reads' (``deadreads.py``).
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import TYPE_CHECKING, Final
 from zlib import crc32
 
@@ -46,8 +45,9 @@ from deferq._core.recovery import ChunkLines, RawLine, capped_line
 from deferq._engine.deadindex import DEAD_BODY_PREFIX, ID_START, dead_line
 from deferq._engine.env import Env, OpenFlag
 from deferq._engine.io import chunks_forward, write_all
+from deferq._engine.lazylog import Log
 
-log = logging.getLogger("deferq")
+log = Log("deferq")  # logging itself on the first message (lazylog.py)
 
 # The lock file holds no data; its size says whether a compaction's rename may not be
 # durable yet (S-9): 0 = settled, COMPACTION_MARK_BYTES = a rename is in flight.

@@ -118,8 +118,6 @@ class DeadIndex:
         self.ids: list[str] = []
         self.latest: dict[str, int] = {}  # id -> position in offs/lens/ids
         self.stale = 0  # positions superseded by a later record of the same id (R-@H)
-        self.decoded_below = 0  # latest records at positions below this were decoded (S-33)
-        self.undecodable: set[int] = set()  # those of them whose JSON does not decode (R-@G)
         self.damage: list[Damage] = []
         self.damage_keys: list[int] = []
         self.check_start = 0  # the bytes [check_start, end) are checked by usable()
@@ -229,26 +227,6 @@ class DeadIndex:
                 skip -= 1
                 continue
             yield position
-
-    def skip_decoded(self, skip: int) -> tuple[int, list[int]] | None:
-        """Where a page after ``skip`` decodable tasks starts, without reading (S-11, S-33).
-
-        Known only when every record is the latest of its id and was decoded by an earlier
-        listing: then the page starts at the newest position below which ``skip`` positions
-        that decode lie. Returns that position and the undecodable positions passed over
-        (newest first), or None when a walk must decide.
-        """
-        count = len(self.offs)
-        if self.stale or self.decoded_below != count:
-            return None
-        bad = self.undecodable
-        start = count - 1 - skip
-        while True:
-            passed = sum(1 for position in bad if position > start)
-            moved = count - 1 - skip - passed
-            if moved == start:
-                return start, sorted((p for p in bad if p > start), reverse=True)
-            start = moved
 
     def key(self, position: int) -> int:
         """Where the record at ``position`` starts: the stop point of a scan that ends there."""

@@ -22,8 +22,7 @@ below without a body are the store's (``deadstore.py``).
 from __future__ import annotations
 
 import contextlib
-import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from deferq._core.deadcodec import decode_dead_payload, decode_dead_record
@@ -46,8 +45,9 @@ from deferq._engine.deadstream import (
     stepped_tasks,
 )
 from deferq._engine.env import Env, FileStat, OpenFlag
+from deferq._engine.lazylog import Log
 
-log = logging.getLogger("deferq")
+log = Log("deferq")  # logging itself on the first message (lazylog.py)
 
 
 class DeadReads:
@@ -154,40 +154,27 @@ class DeadReads:
 
     def _list_indexed(self, index: DeadIndex, fd: int, size: int, offset: int,
                       limit: int | None) -> list[DeadTask]:
-        """Implements S-11, S-12: the page of S-6 read through the index."""
+        """Implements S-11, S-12, S-33, S-34: the page of S-6 read through the index.
+
+        The index holds only records with a valid frame, so the offset is a count of its
+        latest positions (no read); each of the ``limit`` positions after it is decoded,
+        and one that does not decode leaves its place in the page empty.
+        """
         out: list[DeadTask] = []
         undecodable: list[str] = []
         stop = 0  # a scan that does not fill the page reads the whole file
         reader = RecordReader(index, self._env, fd)
-        everything = len(index.offs)
-        skip = offset
-        known, bad = index.decoded_below, index.undecodable
-        jump = index.skip_decoded(skip) if skip else None
-        positions: Iterable[int] = index.newest(0)
-        if jump is not None:
-            undecodable.extend(index.ids[p] for p in jump[1])
-            positions, skip = range(jump[0], -1, -1), 0
-        for position in positions:
-            if skip and position < known:  # decoded by an earlier listing: no read (S-11)
-                if position in bad:
-                    undecodable.append(index.ids[position])
-                else:
-                    skip -= 1
-                continue
-            task = decode_dead_record(index.ids[position], reader.read(
-                position, everything if limit is None else limit + skip - len(out)))
+        left = len(index.offs) if limit is None else limit
+        for position in index.newest(offset):
+            task = decode_dead_record(index.ids[position], reader.read(position, left))
             if isinstance(task, BadLine):
                 undecodable.append(index.ids[position])
-                bad.add(position)
-            elif skip:
-                skip -= 1  # S-33: the offset counts decodable tasks only
             else:
                 out.append(task)
-                if limit is not None and len(out) >= limit:
-                    stop = index.key(position)
-                    break
-        else:
-            index.decoded_below = len(index.offs)  # every latest record was met
+            left -= 1
+            if limit is not None and not left:
+                stop = index.key(position)
+                break
         corrupt = (1 if size > index.end else 0) + sum(
             damage.faults for damage in index.damage_from(stop))
         self._report(corrupt, undecodable)
@@ -234,26 +221,22 @@ class DeadReads:
 
     def _scan_newest_first(self, fd: int, size: int, offset: int,
                            limit: int | None) -> list[DeadTask]:
-        """Up to ``limit`` decoded tasks newest first, read backwards in chunks under the lock.
+        """The page of S-6 newest first, read backwards in chunks under the lock.
 
-        The first ``offset`` decodable tasks (latest records) are decoded and dropped,
-        so only their ids are held (D-14, S-33).
-        Stops reading as soon as it has ``limit`` tasks.
+        The first ``offset`` latest records with a valid frame are skipped without
+        decoding their payloads, so only their ids are held (D-14, S-33); the next
+        ``limit`` are decoded and those that decode returned (S-34). Stops reading as
+        soon as the page is complete.
         """
-        out: list[DeadTask] = []
-        tally = Tally(skip=offset)
+        tally = Tally(skip=offset, take=-1 if limit is None else limit)
         end = records_end(self._env, fd, size)
         tally.corrupt += size > end  # a torn tail (R-@F)
-        if limit is None or limit > 0:
-            for task in newest_first(pread_blocks(self._env, fd, end), end, tally):
-                out.append(task)
-                if limit is not None and len(out) >= limit:
-                    break
+        out = list(newest_first(pread_blocks(self._env, fd, end), end, tally))
         self._cold_bytes += size - (size if tally.low < 0 else tally.low)
         self._report(tally.corrupt, tally.undecodable)
         return out
 
-    def iter_tasks(self, offset: int = 0) -> Iterator[DeadTask]:
+    def iter_tasks(self, offset: int = 0, limit: int | None = None) -> Iterator[DeadTask]:
         """Implements S-27..S-30: every dead task newest first, read in lock steps.
 
         The locks are held only inside each step (at most ``DEAD_READ_STEP_BYTES``
@@ -263,7 +246,8 @@ class DeadReads:
         self._check_usable()
         return stepped_tasks(
             lambda: SteppedBlocks(self._env, self._data, self._lock_fd, self._locked),
-            Tally(skip=offset), lambda tally: self._report(tally.corrupt, tally.undecodable))
+            Tally(skip=offset, take=-1 if limit is None else limit),
+            lambda tally: self._report(tally.corrupt, tally.undecodable))
 
 
 def _needle(task_id: str) -> bytes:

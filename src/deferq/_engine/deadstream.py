@@ -2,10 +2,12 @@
 S-6, S-27..S-30, L-6).
 
 Rules: ``newest_first`` is the one scan of the data file's lines from its newest end: it
-keeps each id once at its latest record (R-@H, checked before R-@G: an older record is
-never decoded), decodes each latest record and skips the first ``offset`` that decode
-(S-33: an undecodable record never counts toward the offset), and counts damage as S-7
-says. It is fed blocks of the file, newest first, by whoever holds the right to read
+keeps each id once at its latest record with a valid frame (R-@H, checked before R-@G: a
+damaged line never supersedes, an older record is never decoded), skips ``offset`` ids
+checking only their frame and id (S-33: no payload is decoded, so an undecodable latest
+record counts toward the offset like any other), then takes ``limit`` ids, decoding each:
+one that does not decode (R-@G) uses its place in the page and is not returned (S-34), and
+counts damage as S-7 says. It is fed blocks of the file, newest first, by whoever holds the right to read
 them: the store's ``list`` reads them under one lock hold (S-6), ``SteppedBlocks`` in
 steps, each under the locks for at most ``DEAD_READ_STEP_BYTES`` (S-27, L-6).
 
@@ -30,11 +32,11 @@ and the set of ids met; never the records already returned.
 from __future__ import annotations
 
 import contextlib
-import logging
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from deferq._core.deadbatch import check_run
 from deferq._core.deadcodec import decode_dead_payload, decode_dead_record
 from deferq._core.errors import DeadTasksLockTimeout
 from deferq._core.frame import CRC_HEX_BYTES, HEADER_BYTES, BadLine
@@ -49,8 +51,9 @@ from deferq._core.recovery import RawLine
 from deferq._core.types import DeadTask
 from deferq._engine.deadindex import DEAD_BODY_PREFIX, ID_START, clean_id, dead_line
 from deferq._engine.env import Env, OpenFlag
+from deferq._engine.lazylog import Log
 
-log = logging.getLogger("deferq")
+log = Log("deferq")  # logging itself on the first message (lazylog.py)
 
 Block = tuple[int, bytes]  # (offset, bytes): a piece of the data file, fed newest first
 
@@ -59,7 +62,8 @@ Block = tuple[int, bytes]  # (offset, bytes): a piece of the data file, fed newe
 class Tally:
     """What one read met: damage (S-7), undecodable ids (R-@G) and the ids seen (R-@H)."""
 
-    skip: int = 0  # ids still to skip for the offset (S-6)
+    skip: int = 0  # ids still to skip for the offset (S-33)
+    take: int = -1  # ids still to take after the offset, decodable or not (S-34); -1: all
     corrupt: int = 0
     undecodable: list[str] = field(default_factory=list)
     seen: set[bytes] = field(default_factory=set)  # ids met, as UTF-8
@@ -67,57 +71,125 @@ class Tally:
 
 
 def newest_first(blocks: Iterator[Block], end: int, tally: Tally) -> Iterator[DeadTask]:
-    """Implements S-6, S-7, R-@H: the latest records of ``[0, end)`` newest first.
+    """Implements S-6, S-7, R-@H, S-40: the latest records of ``[0, end)`` newest first.
 
     ``blocks`` must cover ``[0, end)`` backwards without gaps, and ``end`` must be just
     after a newline (the caller counts a torn tail after it, R-@F). Seen ids are held
-    as their UTF-8 bytes.
+    as their UTF-8 bytes. The complete lines inside each block are first checked as one
+    run (``check_run``, S-40); a run it does not vouch for is checked line by line.
+    """
+    if not tally.take:  # limit=0: nothing to read
+        return
+    for newer, lo, block, head, last, clean in _pieces_newest_first(blocks, tally):
+        if newer is not None:
+            yield from _lines([newer], clean, tally)
+        if head < last and tally.take:
+            checked = check_run(block) if clean else None
+            if checked is not None:
+                yield from _checked_run(checked[0], checked[1], tally)
+            else:
+                inner: list[bytes | RawLine] = list(block[head + 1:last].split(b"\n"))
+                inner.reverse()
+                yield from _lines(inner, clean, tally)
+        if lo == 0 and head >= 0 and tally.take:  # the file's first line
+            yield from _lines([block[:head]], clean, tally)
+        if not tally.take:  # the page is full: read no further (S-36)
+            return
+
+
+def _checked_run(ids: list[bytes], payloads: list[bytes], tally: Tally) -> Iterator[DeadTask]:
+    """The tasks of a run ``check_run`` vouched for (oldest first), newest first (S-40).
+
+    While the offset still skips at least as many ids as the run has lines, the run is
+    skipped with one set update (the ids it adds are those the offset skips): which of
+    its records is an id's latest does not matter when none of them is returned.
+    Otherwise each line as the exact path does it.
+    """
+    seen = tally.seen
+    if len(ids) <= tally.skip:  # it holds at most len(ids) new ids: none can be returned
+        before = len(seen)
+        seen.update(ids)
+        tally.skip -= len(seen) - before
+        return
+    for position in range(len(ids) - 1, -1, -1):
+        raw_id = ids[position]
+        if raw_id in seen:
+            continue
+        seen.add(raw_id)
+        if tally.skip:
+            tally.skip -= 1
+            continue
+        task_id = raw_id.decode("ascii")
+        task = decode_dead_record(task_id, payloads[position])
+        tally.take -= 1
+        if isinstance(task, BadLine):
+            tally.undecodable.append(task_id)  # its place in the page stays empty (S-34)
+        else:
+            yield task
+        if not tally.take:
+            return
+
+
+def _lines(lines: list[bytes | RawLine], clean: bool, tally: Tally) -> Iterator[DeadTask]:
+    """The tasks of ``lines`` (newest first), each line checked on its own (S-6, S-7, S-31).
+
+    A line whose frame or id fails its check is damage and supersedes nothing (R-@H before
+    R-@G): only a line with a valid frame marks its id as met, counts toward ``skip`` and
+    uses a place of ``take``.
+
+    ``clean`` says whether the plain ``bytes`` lines come from a block without a NUL byte.
     """
     seen = tally.seen
     crc32 = zlib.crc32
-    for lines, clean in _lines_newest_first(blocks, tally):
-        for line in lines:
-            if isinstance(line, RawLine):
-                raw_id = _clean_id(line.data) if line.data is not None else None
-                data = line.data
-            else:
-                data = line
-                # The fast path of ``clean_id`` inlined (a NUL-free block, no newline after
-                # split): same header, CRC, tag and id checks as ``decode_dead_line`` (F-3,
-                # F-5, F-10); anything it is not sure of takes the exact path below.
-                raw_id = None
-                if clean and line.startswith(_HEAD, CRC_HEX_BYTES):
-                    colon = line.find(b":", ID_START)
-                    if (ID_START < colon <= ID_START + TASK_ID_BYTES_MAX
-                            and b"%08x" % crc32(memoryview(line)[HEADER_BYTES:])
-                            == line[:CRC_HEX_BYTES]):
-                        raw_id = line[ID_START:colon]
-                        if not raw_id.isascii():
-                            raw_id = None
-            if raw_id is not None and data is not None:
-                if raw_id in seen:
-                    continue
-                seen.add(raw_id)
-                task_id = raw_id.decode("ascii")
-                task = decode_dead_record(task_id, data[ID_START + len(raw_id) + 1:])
-            else:
-                framed, _, faults = dead_line(line if isinstance(line, RawLine)
-                                              else RawLine(-1, line))
-                tally.corrupt += faults
-                if framed is None:
-                    continue
-                task_id = framed.task_id
-                key = task_id.encode("utf-8")
-                if key in seen:
-                    continue
-                seen.add(key)
-                task = decode_dead_payload(framed)
-            if isinstance(task, BadLine):
-                tally.undecodable.append(task_id)
-            elif tally.skip:
-                tally.skip -= 1  # S-33: the offset counts decodable tasks only
-            else:
-                yield task
+    for line in lines:
+        if isinstance(line, RawLine):
+            raw_id = _clean_id(line.data) if line.data is not None else None
+            data = line.data
+        else:
+            data = line
+            # The fast path of ``clean_id`` inlined (a NUL-free block, no newline after
+            # split): same header, CRC, tag and id checks as ``decode_dead_line`` (F-3,
+            # F-5, F-10); anything it is not sure of takes the exact path below.
+            raw_id = None
+            if clean and line.startswith(_HEAD, CRC_HEX_BYTES):
+                colon = line.find(b":", ID_START)
+                if (ID_START < colon <= ID_START + TASK_ID_BYTES_MAX
+                        and b"%08x" % crc32(memoryview(line)[HEADER_BYTES:])
+                        == line[:CRC_HEX_BYTES]):
+                    raw_id = line[ID_START:colon]
+                    if not raw_id.isascii():
+                        raw_id = None
+        if raw_id is not None and data is not None:
+            if raw_id in seen:
+                continue
+            seen.add(raw_id)
+            if tally.skip:
+                tally.skip -= 1
+                continue
+            task_id = raw_id.decode("ascii")
+            task = decode_dead_record(task_id, data[ID_START + len(raw_id) + 1:])
+        else:
+            framed, _, faults = dead_line(line if isinstance(line, RawLine)
+                                          else RawLine(-1, line))
+            tally.corrupt += faults
+            if framed is None:
+                continue
+            task_id = framed.task_id
+            key = task_id.encode("utf-8")
+            if key in seen:
+                continue
+            seen.add(key)
+            if tally.skip:
+                tally.skip -= 1
+                continue
+            task = decode_dead_payload(framed)
+        tally.take -= 1
+        if isinstance(task, BadLine):
+            tally.undecodable.append(task_id)  # its place in the page stays empty (S-34)
+        else:
+            yield task
+        if not tally.take:
+            return
 
 
 _HEAD = b":" + DEAD_BODY_PREFIX  # what follows the CRC in a dead-task line
@@ -128,11 +200,20 @@ def _clean_id(line: bytes) -> bytes | None:
     return None if b"\0" in line else clean_id(line, 0, len(line))
 
 
-def _lines_newest_first(blocks: Iterator[Block], tally: Tally
-                        ) -> Iterator[tuple[list[bytes | RawLine], bool]]:
-    """The lines of the blocks newest first, in batches, each batch with whether its plain
-    ``bytes`` lines come from a block without a NUL byte. A line that spans blocks is a
-    ``RawLine``; one longer than ``LINE_BYTES_MAX`` has no bytes (R-@E), never held whole."""
+Piece = tuple[RawLine | None, int, bytes, int, int, bool]
+
+
+def _pieces_newest_first(blocks: Iterator[Block], tally: Tally) -> Iterator[Piece]:
+    """Each block's lines, newest first, as ``(newer, lo, block, head, last, clean)``.
+
+    ``newer`` is the line that starts after the block's last newline and ends in a later
+    block (a ``RawLine``; one longer than ``LINE_BYTES_MAX`` has no bytes, R-@E, and is
+    never held whole), or None; ``block[head:last]`` is the run of complete lines inside
+    the block, starting at its first newline (empty when ``head >= last``); when the block
+    starts the file (``lo == 0``), ``block[:head]`` is the file's first line.
+    ``clean``: the block holds no NUL byte. A block without a newline yields only the line
+    it ends, once that line starts the file (``head`` = -1).
+    """
     partial: list[bytes] = []  # the head of a later block: the end of a line begun earlier
     partial_bytes = 0
     first = True
@@ -147,24 +228,18 @@ def _lines_newest_first(blocks: Iterator[Block], tally: Tally
             else:
                 partial.append(block)
             if lo == 0:
-                yield [_joined(0, partial, partial_bytes)], clean
+                yield _joined(0, partial, partial_bytes), lo, b"", -1, -1, clean
             continue
-        batch: list[bytes | RawLine] = []
+        newer = None
         if not first:  # the line that starts after this block's last newline
             length = partial_bytes + len(block) - last - 1
             partial.append(block[last + 1:])
-            batch.append(_joined(lo + last + 1, partial, length))
+            newer = _joined(lo + last + 1, partial, length)
         first = False
         head = block.find(b"\n")
-        if head < last:
-            inner: list[bytes | RawLine] = list(block[head + 1:last].split(b"\n"))
-            inner.reverse()
-            batch.extend(inner)
+        yield newer, lo, block, head, last, clean
         partial = [block[:head]]
         partial_bytes = head
-        if lo == 0:
-            batch.append(block[:head])
-        yield batch, clean
 
 
 def _joined(start: int, pieces: list[bytes], length: int) -> RawLine:

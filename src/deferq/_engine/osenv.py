@@ -12,7 +12,6 @@ import errno
 import fcntl
 import mmap
 import os
-import random
 import stat
 import sys
 import threading
@@ -247,7 +246,7 @@ class OsEnv:
         return _pid
 
     def random_u32(self) -> int:
-        return random.SystemRandom().getrandbits(32)
+        return int.from_bytes(os.urandom(4), "big")  # what SystemRandom().getrandbits(32) reads
 
     def local_date(self) -> str:
         return time.strftime("%Y%m%d", time.localtime())

@@ -57,6 +57,7 @@ from deferq._runtime.executor import Executor
 from deferq._runtime.hooks import Hooks, HookSet, check_hooks
 from deferq._runtime.journal import Journal
 from deferq._runtime.operator import Operator
+from deferq._runtime.periodic import Schedule, periodic_for
 from deferq._runtime.options import (
     NO_OPTIONS,
     ConfiguredTask,
@@ -106,7 +107,7 @@ class Queue(DeadTaskApi):
                  sweep_interval: float = DEFAULT_SWEEP_INTERVAL_S,
                  max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
                  sync_threads: int = DEFAULT_SYNC_THREADS, deps: object = None,
-                 hooks: Iterable[Hooks] = ()) -> None:
+                 hooks: Iterable[Hooks] = (), schedules: Iterable[Schedule] = ()) -> None:
         self.backend = backend
         self._hooks = HookSet(check_hooks(hooks))  # Q-100: lifecycle hooks
         # Q-37: executions that run at once; the others wait in memory for a slot.
@@ -141,6 +142,8 @@ class Queue(DeadTaskApi):
         # Q-75: on a shared backend (Postgres) the queue also runs the due tasks it claims.
         self._claimer = (Claimer(backend, self._scheduler, self._executor, self.clock)
                          if isinstance(backend, ClaimingBackend) else None)
+        self._periodic = periodic_for(schedules, backend, self._prepare, self._apersist,
+                                      self.clock, self._sweeper)
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -168,10 +171,8 @@ class Queue(DeadTaskApi):
         await self._scheduler.wait_idle()
 
     async def status(self, task_id: str) -> TaskStatus:
-        """Implements Q-58: what this queue knows of a task, by id.
-
-        PENDING, DELAYED or RUNNING for a task in this queue's WAL (no I/O); else DEAD when
-        the shared dead-task store holds it (read in a worker thread); else UNKNOWN.
+        """Implements Q-58: PENDING, DELAYED or RUNNING for a task in this queue's WAL (no I/O);
+        else DEAD when the shared dead-task store holds it (read in a thread); else UNKNOWN.
         """
         if not isinstance(task_id, str):
             raise ValueError(f"task_id must be a str, got {type(task_id).__name__}")
@@ -215,6 +216,7 @@ class Queue(DeadTaskApi):
                  "dead-lettered", replayed, delayed, unloadable)
         if self._sweeper is not None:
             self._sweeper.start()
+        self._periodic.start()  # Q-124
 
     async def stop(self, timeout: float = 10.0) -> bool:
         """Stop taking work, wait up to ``timeout`` s for running tasks, sync the WAL (Q-15).
@@ -230,6 +232,7 @@ class Queue(DeadTaskApi):
         self._state = _State.STOPPING
         if self._sweeper is not None:
             await self._sweeper.stop()  # Q-71: before the scheduler stops
+        await self._periodic.stop()  # Q-130: before the scheduler stops
         if self._claimer is not None:
             await self._claimer.stop()
         finished = await self._scheduler.stop(wait_s)
@@ -247,8 +250,7 @@ class Queue(DeadTaskApi):
         """Cancel a task this running queue holds: delayed, waiting for a slot, or running (Q-40).
 
         It never runs (again), is removed from the WAL and logged; a plain perform in the pool
-        cannot be stopped, and what it does afterwards is not recorded. Returns False for an
-        id this queue does not hold; raises TypeError for a ``task_id`` that is not a str.
+        cannot be stopped (what it does is not recorded). False for an id it does not hold.
         """
         return await self._canceller.cancel(task_id)
     # ------------------------------------------------------------------ defer
@@ -361,7 +363,7 @@ class Queue(DeadTaskApi):
         # Implements Q-65: the record keeps when the task was first enqueued.
         # Implements Q-66: ``meta`` is checked before anything is stored; users give it as
         # the task's ``options(meta=...)``.
-        checked = check_meta(meta)
+        checked = None if meta is None else check_meta(meta)  # (no call in the common case)
         if self._hooks.meta:
             checked = self._hooks.add_meta(cls.task_name, checked)  # Implements Q-103.
         context = Context(cls.task_name, args, kwargs, 0, key, enqueue_time(self.clock.time()),

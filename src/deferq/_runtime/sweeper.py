@@ -52,6 +52,9 @@ class Sweeper:
         self._stopping = False
         self.sweeps = 0  # completed sweeps (for tests and operators)
         self.adopted = 0  # tasks adopted so far
+        # One sweep at a time: a caller of ``sweep_once`` (a new schedules' leader, Q-131) waits
+        # for a sweep in flight, whose adopted tasks are then scheduled, keys and all.
+        self._one_at_a_time = asyncio.Lock()
 
     def start(self) -> None:
         """Start sweeping on the running loop."""
@@ -86,6 +89,10 @@ class Sweeper:
 
     async def sweep_once(self) -> bool:
         """One sweep; False when the backend can no longer sweep (broken or closed)."""
+        async with self._one_at_a_time:
+            return await self._sweep()
+
+    async def _sweep(self) -> bool:
         try:
             adopted = await asyncio.to_thread(self._adopt, self.files_max)
         except (StorageBrokenError, StorageClosedError) as exc:

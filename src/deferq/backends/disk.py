@@ -32,6 +32,7 @@ from deferq._core.types import DeadTask, PendingTask
 from deferq._engine.deadstore import DeadTaskStore, ancestors
 from deferq._engine.env import Cancel, Env
 from deferq._engine.osenv import OS_ENV, DirEnv
+from deferq._engine.schedstore import ScheduleStore
 from deferq._engine.wal import TasksWal
 from deferq.backends._arguments import (
     check_caller_id,
@@ -172,6 +173,10 @@ class Disk:
         ``ValueError`` for a ``files_max`` that is not an int from 1 to 1024.
         """
         return self._wal.adopt_orphans(check_files_max(files_max))
+
+    def open_schedules(self) -> ScheduleStore:
+        """The periodic schedules' leader lock and records in this directory (Q-127, L-9)."""
+        return ScheduleStore(self._env, self.path, self.prefix)
 
     def tick(self) -> None:
         """Run time-driven work that is due (the periodic fsync). Tests call it directly."""

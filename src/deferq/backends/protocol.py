@@ -9,7 +9,7 @@ Arguments reach a backend unchecked: each backend validates its own (C-7).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
 from deferq._core.types import DeadTask, PendingTask
@@ -107,6 +107,36 @@ class OrphanAdopter(Protocol):
         what ``add_task`` with ``sync=True`` stores; a task is never returned by two
         backends that run at once, unless a crash left it in two places (D-21).
         """
+
+
+class ScheduleRecords(Protocol):
+    """The leader lock and last fired due times of a directory's schedules (L-9..L-12, F-42)."""
+
+    leading: bool
+
+    def try_lead(self) -> bool:
+        """Take the leader lock if it is free, without waiting; True while this one holds it."""
+
+    def read(self) -> dict[str, int]:
+        """Each schedule's last fired due time, as durably recorded."""
+
+    def write(self, fired: Mapping[str, int]) -> None:
+        """Replace the records durably; only the leader calls it."""
+
+    def close(self) -> None:
+        """Release the lock and the files; idempotent."""
+
+
+@runtime_checkable
+class ScheduleKeeper(Protocol):
+    """What a backend offers, optionally, for periodic tasks shared by workers (Q-127).
+
+    Not part of ``Backend``: on a backend without it a queue keeps its schedules' records
+    in memory, in one process only.
+    """
+
+    def open_schedules(self) -> ScheduleRecords:
+        """The schedules' lock and records of this backend's storage directory."""
 
 
 @runtime_checkable

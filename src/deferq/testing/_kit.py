@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 
 from deferq._runtime.backpressure import Backpressure
+from deferq._runtime.hooks import Hooks
 from deferq._runtime.queue import Queue
 from deferq._runtime.task import TaskRegistry
 from deferq.backends.memory import Memory
@@ -28,10 +30,11 @@ class TestKit:
         self.registry = registry
         self.seed = seed
 
-    def queue(self, *, backpressure: Backpressure | None = None) -> Queue:
-        """A new, unstarted queue over this kit's backend and clock."""
+    def queue(self, *, backpressure: Backpressure | None = None,
+              hooks: Iterable[Hooks] = ()) -> Queue:
+        """A new, unstarted queue over this kit's backend and clock (with ``hooks``, Q-100)."""
         return Queue(self.backend, registry=self.registry, clock=self.clock,
-                     rng=random.Random(self.seed), backpressure=backpressure)
+                     rng=random.Random(self.seed), backpressure=backpressure, hooks=hooks)
 
     async def drain(self, queue: Queue, *, until: float | None = None) -> int:
         """``deferq.testing.drain(queue, until=until)``."""
