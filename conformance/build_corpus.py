@@ -413,6 +413,19 @@ def dead_recovery_cases() -> list[CaseDef]:
         CaseDef("dead-r-g-latest-record-decides", store({}, (
             dline("hidden") + dead_payload("hidden", b"{}") + dead_payload("revived", b"{}")
             + dline("revived", attempts=3))), dead_damage={"R-@G": 1}),
+        # R-@H is checked before R-@G (recovery.md step 6): records superseded by a later
+        # record of the same id are never decoded, so they are never R-@G, and R-@G counts
+        # ids (each id's latest record), not undecodable lines.
+        CaseDef("dead-r-h-before-r-g-superseded-bad-records", store({}, (
+            dead_payload("fixed", b"{}") + dead_payload("fixed", b"[]")
+            + dead_payload("broken", b"{}") + dead_payload("fixed", b"1")
+            + dline("fixed", attempts=4) + dead_payload("broken", b"[]")
+            + dead_payload("broken", b"null"))), dead_damage={"R-@G": 1}),
+        # A damaged line (no valid frame) never supersedes: the undecodable record before it
+        # is still the latest record of its id.
+        CaseDef("dead-r-h-before-r-g-damaged-line-does-not-supersede", store({}, (
+            dline("k", attempts=1) + dead_payload("k", b"{}") + bad_crc(dline("k", attempts=2)))),
+            dead_damage={"R-@G": 1, "R-@C": 1}),
         CaseDef("dead-r-h-latest-wins-once", store({}, (
             dline("x", attempts=1) + dline("y", attempts=1) + dline("x", attempts=2)
             + dline("z", attempts=1) + dline("y", attempts=2) + dline("x", attempts=3)))),

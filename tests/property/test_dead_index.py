@@ -58,14 +58,21 @@ def backward_lines(data: bytes, line_bytes_max: int | None = None) -> list[RawLi
 
 
 def reference_list(data: bytes, offset: int, limit: int | None) -> Outcome:
-    """The scanning ``list`` before the index (S-6, S-7), on a file's bytes."""
+    """The scanning ``list`` before the index (S-6, S-7, S-33), on a file's bytes.
+
+    S-33: each id whose latest record has a valid frame is one place; the offset skips
+    places without decoding, and the page is the next ``limit`` places, an undecodable
+    one logged and left out.
+    """
     out = Outcome([], 0)
+    if limit == 0:
+        return out
     seen: set[str] = set()
     for raw in backward_lines(data):
         framed, _, faults = dead_line(raw)
         out.corrupt += faults
         if framed is None or framed.task_id in seen:
-            continue
+            continue  # a damaged line supersedes nothing (R-@H before R-@G)
         seen.add(framed.task_id)
         if offset:
             offset -= 1
@@ -75,8 +82,10 @@ def reference_list(data: bytes, offset: int, limit: int | None) -> Outcome:
             out.undecodable.append(framed.task_id)
         else:
             out.tasks.append(task)
-        if limit is not None and len(out.tasks) >= limit:
-            break
+        if limit is not None:
+            limit -= 1
+            if not limit:
+                break
     return out
 
 
@@ -249,7 +258,7 @@ def run(steps: list[tuple[object, ...]]) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-@pytest.mark.spec("S-6", "S-7", "S-10", "S-11", "S-12", "S-13", "S-15", "R-@H", "R-@K")
+@pytest.mark.spec("S-6", "S-7", "S-10", "S-11", "S-12", "S-13", "S-15", "S-33", "R-@H", "R-@K")
 @settings(max_examples=300)
 @given(st.lists(ops, max_size=40))
 def test_every_read_equals_the_line_by_line_scan_of_the_file_as_it_is(

@@ -28,7 +28,7 @@ def dead(task_id: str) -> DeadTask:
                     exception_class="E", exception_message="m", backtrace=(), context=b"c")
 
 
-@pytest.mark.spec("R-@K", "R-@E", "D-5", "W-16")
+@pytest.mark.spec("R-@K", "R-@E", "D-5", "W-16", "D-23")
 def test_a_wal_record_after_a_hole_over_the_line_limit_is_replayed(tmp_path: Path) -> None:
     (tmp_path / wal_file_name("deferred-", "20260807", 4242, 1)).write_bytes(
         encode_add("a", None, b"1") + HOLE + encode_add("kept", None, b"2"))
@@ -36,7 +36,7 @@ def test_a_wal_record_after_a_hole_over_the_line_limit_is_replayed(tmp_path: Pat
         assert [(t.task_id, t.context) for t in disk.pending_tasks()] == [("a", b"1"), ("kept", b"2")]
 
 
-@pytest.mark.spec("R-@K", "R-@E", "D-7", "S-6", "S-11", "S-13")
+@pytest.mark.spec("R-@K", "R-@E", "D-7", "S-6", "S-11", "S-13", "D-23")
 def test_a_dead_task_after_a_hole_over_the_line_limit_is_listed_found_and_kept(
         tmp_path: Path) -> None:
     (tmp_path / dead_data_name("deferred-")).write_bytes(

@@ -130,7 +130,7 @@ def read_page(storage: Path, limit: int, offset: int, way: str) -> tuple[list[st
             tasks = store.list_tasks(limit, offset)
             assert store._index is None
         else:
-            tasks = list(store.iter_tasks(offset))[:limit]
+            tasks = list(store.iter_tasks(offset, limit))  # S-33: limit counts places
     finally:
         store.close()
         logging.getLogger("deferq").removeHandler(handler)

@@ -21,6 +21,7 @@ import os
 import logging
 import re
 import tempfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -293,7 +294,7 @@ def test_a_read_that_keeps_meeting_compactions_gives_up_with_a_clear_error(
 # ----------------------------------------------------------------------------- S-31
 
 
-@pytest.mark.spec("S-31", "S-6")
+@pytest.mark.spec("S-31", "S-6", "S-33")
 def test_a_deep_page_decodes_only_its_own_records(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     write_store(tmp_path, b"".join(encode_dead(dead(f"t{i}")) for i in range(1000)))
@@ -307,7 +308,78 @@ def test_a_deep_page_decodes_only_its_own_records(tmp_path: Path,
     with Disk(path=tmp_path, prefix=PREFIX, fsync_frequency=0) as disk:
         page = disk.list_dead_tasks(limit=5, offset=900)
     assert [t.id for t in page] == [f"t{i}" for i in range(99, 94, -1)]
+    # S-33: the offset counts frames, so no skipped payload is decoded.
     assert decoded == [t.id for t in page]
+
+
+def _framed(body: bytes) -> bytes:
+    return b"%08x:" % zlib.crc32(body) + body + b"\n"
+
+
+def _places_file() -> tuple[bytes, list[str | None]]:
+    """A store whose latest records include undecodable ones, with a superseded record of
+    each kind and a damaged line that must not supersede; and its places, newest first
+    (None: an undecodable latest record, S-33)."""
+    bad = b'{"not":"a dead task"}'
+    lines: list[tuple[bytes, str | None]] = []  # (line, its place or None), oldest first
+    for n in range(40):
+        name = f"t{n}"
+        if n % 10 == 3:  # an undecodable record superseded by a decodable one: not a place
+            lines.append((_framed(b"dead_task:%s:%s" % (name.encode(), bad)), "superseded"))
+        if n % 10 == 6:  # a decodable record superseded by an undecodable one
+            lines.append((encode_dead(dead(name, "old")), "superseded"))
+            lines.append((_framed(b"dead_task:%s:%s" % (name.encode(), bad)), None))
+            continue
+        lines.append((encode_dead(dead(name)), name))
+        if n % 4 == 1:  # an undecodable latest record of its own id
+            lines.append((_framed(b"dead_task:u%d:%s" % (n, bad)), None))
+        if n % 10 == 8:  # a damaged line (CRC) of the same id: it supersedes nothing (R-@H)
+            line = encode_dead(dead(name, "newer but damaged"))
+            head = b"0" * 8 if line[:8] != b"0" * 8 else b"1" * 8
+            lines.append((head + line[8:], "damaged"))
+    data = b"".join(line for line, _ in lines)
+    places = [p for _, p in reversed(lines) if p not in ("superseded", "damaged")]
+    return data, places
+
+
+@pytest.mark.spec("S-33", "S-34", "S-31", "S-40", "S-27", "R-@G", "R-@H")
+@pytest.mark.parametrize("chunk", [READ_CHUNK_BYTES, 600])
+def test_pages_over_undecodable_latest_records_partition_the_listing_on_every_read_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+    monkeypatch.setattr(deadstream, "READ_CHUNK_BYTES", chunk)  # 600: runs of a few lines
+    data, places = _places_file()
+    write_store(tmp_path, data)
+    listing = [p for p in places if p is not None]
+    assert len(listing) < len(places) and "t8" in listing and "t6" not in listing
+    whole_runs: list[bool] = []
+    real_run = deadstream._checked_run
+
+    def run(ids: list[bytes], payloads: list[bytes],
+            tally: deadstream.Tally) -> Iterator[DeadTask]:
+        whole_runs.append(len(ids) <= tally.skip)
+        return real_run(ids, payloads, tally)
+    monkeypatch.setattr(deadstream, "_checked_run", run)
+    scan = DeadTaskStore(OS_ENV, str(tmp_path), PREFIX)
+    indexed = DeadTaskStore(OS_ENV, str(tmp_path), PREFIX)
+    try:
+        assert [t.id for t in indexed.list_tasks(None, 0)] == listing  # builds its index
+        for size in range(1, 11):
+            pages: list[list[str]] = []
+            for offset in range(0, len(places), size):
+                want = [p for p in places[offset:offset + size] if p is not None]
+                scan._drop_index()  # else scans that read the whole file build one (S-11)
+                got = [t.id for t in scan.list_tasks(size, offset)]
+                assert scan._index is None, "the scan path, not an index"
+                assert got == want, (size, offset)
+                assert [t.id for t in indexed.list_tasks(size, offset)] == want, (size, offset)
+                assert [t.id for t in scan.iter_tasks(offset, size)] == want, (size, offset)
+                pages.append(got)
+            assert [name for page in pages for name in page] == listing, size
+    finally:
+        scan.close()
+        indexed.close()
+    if chunk < len(data):  # one block holding a damaged line is never one run
+        assert any(whole_runs), "no run was skipped whole (S-40): the block skip went untested"
 
 
 

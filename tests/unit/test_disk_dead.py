@@ -425,7 +425,7 @@ def test_an_id_written_twice_is_listed_once_at_its_latest_position(storage: Path
         assert found is not None and found.context == b"second" and found.attempts == 2
 
 
-@pytest.mark.spec("S-6")
+@pytest.mark.spec("S-6", "S-37")
 def test_limit_zero_returns_nothing_without_reading(storage: Path) -> None:
     env = RecordingEnv()
     with open_disk(storage, env) as disk:
@@ -437,7 +437,7 @@ def test_limit_zero_returns_nothing_without_reading(storage: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.spec("S-6", "D-14")
+@pytest.mark.spec("S-6", "S-36", "D-14")
 def test_reading_the_newest_records_of_a_large_store_reads_only_its_end(storage: Path) -> None:
     storage.mkdir()
     count = 20_000
@@ -893,21 +893,44 @@ def test_a_task_handed_to_the_dead_store_is_dead_and_no_longer_pending_after_reo
         assert [t.task_id for t in disk.pending_tasks()] == [other]
 
 
-@pytest.mark.spec("S-6", "R-@G", "D-14")
-def test_offset_skips_ids_without_decoding_and_bad_payloads_count_toward_it(storage: Path) -> None:
-    with Disk(path=storage, fsync_frequency=0) as disk:
-        for name in ("a", "b"):
-            disk.add_dead_task(name, b"", RuntimeError(name), task_class="T", attempts=1)
-        data = storage / "deferred-dead_tasks-0"
-        with data.open("ab") as f:
-            f.write(frame(b'dead_task:bad:{"not":"a dead task"}'))  # valid frame, bad JSON
-        disk.add_dead_task("c", b"", RuntimeError("c"), task_class="T", attempts=1)
-        # Newest first: c, bad (undecodable), b, a.
-        assert [t.id for t in disk.list_dead_tasks()] == ["c", "b", "a"]
-        assert [t.id for t in disk.list_dead_tasks(offset=1, limit=1)] == ["b"]
-        assert [t.id for t in disk.list_dead_tasks(offset=2)] == ["b", "a"]
-        assert [t.id for t in disk.list_dead_tasks(offset=3)] == ["a"]
+def _pages(disk: Disk, size: int, places: int) -> list[list[str]]:
+    """Every page of ``size`` up to ``places`` (a page may be short, or empty, S-33)."""
+    return [[t.id for t in disk.list_dead_tasks(offset=offset, limit=size)]
+            for offset in range(0, places, size)]
 
+
+@pytest.mark.spec("S-6", "S-33", "S-34", "R-@G", "D-14")
+def test_offset_pages_partition_the_decodable_tasks_whatever_undecodable_lines_sit_between(
+        storage: Path) -> None:
+    names = [f"t{n}" for n in range(9)]
+    places: list[str | None] = []  # oldest first; None: an undecodable record's place
+    with Disk(path=storage, fsync_frequency=0) as disk:
+        for n, name in enumerate(names):
+            disk.add_dead_task(name, b"", RuntimeError(name), task_class="T", attempts=1)
+            places.append(name)
+            if n % 3 != 2:  # undecodable records (valid frame, bad JSON) between the tasks
+                with (storage / "deferred-dead_tasks-0").open("ab") as f:
+                    f.write(frame(b'dead_task:bad%d:{"not":"a dead task"}' % n))
+                places.append(None)
+    places.reverse()
+    newest_first = names[::-1]
+    for size in range(1, 11):
+        want = [[p for p in places[k:k + size] if p is not None]
+                for k in range(0, len(places), size)]
+        with Disk(path=storage, fsync_frequency=0) as disk:  # a fresh Disk pages by scan
+            scanned = _pages(disk, size, len(places))
+            assert disk.list_dead_tasks() == disk.list_dead_tasks()  # builds the index
+            indexed = _pages(disk, size, len(places))  # then pages through the index (S-11)
+        for pages in (scanned, indexed):
+            assert pages == want, (size, pages)
+            assert [name for page in pages for name in page] == newest_first, (size, pages)
+    with Disk(path=storage, fsync_frequency=0) as disk:
+        # Newest first: t8, bad7, t7, bad6, t6, ...: bad7 has a place of its own (S-33).
+        assert [t.id for t in disk.list_dead_tasks(offset=0, limit=1)] == ["t8"]
+        assert [t.id for t in disk.list_dead_tasks(offset=1, limit=1)] == []  # bad7's place
+        assert [t.id for t in disk.list_dead_tasks(offset=1, limit=2)] == ["t7"]
+        assert [t.id for t in disk.list_dead_tasks(offset=3, limit=2)] == ["t6"]  # bad6, t6
+        assert [t.id for t in disk.list_dead_tasks(offset=len(places))] == []
 
 
 @pytest.mark.spec("R-@K", "D-5", "S-6")

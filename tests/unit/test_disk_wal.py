@@ -976,7 +976,7 @@ def test_a_forked_child_cannot_use_the_parents_disk(storage: Path) -> None:
 # ----------------------------------------------------------------------------- lifecycle and API
 
 
-@pytest.mark.spec("C-9")
+@pytest.mark.spec("C-9", "C-33", "C-34")
 def test_close_is_idempotent_releases_the_locks_and_later_calls_raise_storage_closed(
         storage: Path) -> None:
     disk = open_disk(storage)
@@ -1270,3 +1270,18 @@ def test_the_filesystem_type_of_a_descriptor_matches_the_mount_its_path_is_on(
     finally:
         os.close(fd)
     assert fs_type(1_000_000) is None  # no such descriptor
+
+
+@pytest.mark.spec("C-35")
+def test_a_disk_is_a_context_manager_whose_exit_closes_it(storage: Path) -> None:
+    with open_disk(storage) as disk:
+        task_id = disk.add_task(b"x")
+    with pytest.raises(StorageClosedError):
+        disk.pending_tasks()
+    fd = os.open(only_wal(storage), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # its WAL lock was released at exit
+    finally:
+        os.close(fd)
+    with open_disk(storage) as again:
+        assert [t.task_id for t in again.pending_tasks()] == [task_id]

@@ -574,7 +574,7 @@ def test_to_base36_is_lowercase_without_padding() -> None:
     assert [to_base36(n) for n in (0, 1, 35, 36, 2**32 - 1)] == ["0", "1", "z", "10", "1z141z3"]
 
 
-@pytest.mark.spec("F-1")
+@pytest.mark.spec("F-1", "F-34")
 @pytest.mark.parametrize("name", [
     "deferred-0-20240131-1-0",
     "deferred-0-20240131-4242-1a2b3c",
@@ -586,7 +586,7 @@ def test_exact_wal_file_names_are_recognized(name: str) -> None:
     assert is_wal_file_name(PREFIX, name)
 
 
-@pytest.mark.spec("F-1", "F-15")
+@pytest.mark.spec("F-1", "F-15", "F-34")
 @pytest.mark.parametrize("name", [
     "deferred-1-20240131-4242-1a2b3c",  # another storage version
     "deferred-00-20240131-4242-1a2b3c",

@@ -43,7 +43,7 @@ def victim(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.spec("F-16")
+@pytest.mark.spec("F-16", "F-36")
 def test_a_planted_lock_link_is_refused_and_its_target_never_truncated(tmp_path: Path,
                                                                       victim: Path) -> None:
     store = tmp_path / "s"
@@ -59,7 +59,7 @@ def test_a_planted_lock_link_is_refused_and_its_target_never_truncated(tmp_path:
         Disk(path=store)
 
 
-@pytest.mark.spec("F-16")
+@pytest.mark.spec("F-16", "F-36")
 def test_a_planted_staging_link_is_removed_not_followed(tmp_path: Path, victim: Path) -> None:
     store = tmp_path / "s"
     task_id = _store(store)
@@ -85,7 +85,7 @@ def test_a_dangling_data_file_link_never_creates_its_target(tmp_path: Path) -> N
         assert not target.exists(), command
 
 
-@pytest.mark.spec("F-16")
+@pytest.mark.spec("F-16", "F-35", "F-37")
 def test_a_fifo_named_like_a_store_file_never_hangs_anything(tmp_path: Path) -> None:
     store = tmp_path / "s"
     _store(store)

@@ -59,7 +59,7 @@ def test_nil_methods_do_nothing_and_return_empty_values(tmp_path: Path,
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.spec("C-10", "C-9")
+@pytest.mark.spec("C-10", "C-9", "C-35")
 def test_nil_is_a_context_manager_that_creates_no_file(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)

@@ -86,7 +86,7 @@ def test_parents_deferq_creates_are_not_writable_by_others_under_umask_0(tmp_pat
     assert (tmp_path / "a" / "b" / "storage").stat().st_mode & 0o777 == 0o700
 
 
-@pytest.mark.spec("F-27")
+@pytest.mark.spec("F-27", "F-39")
 @pytest.mark.parametrize("mode", [0o770, 0o777, 0o1777])
 def test_a_storage_directory_writable_by_others_is_refused(tmp_path: Path, mode: int) -> None:
     storage = tmp_path / "storage"
@@ -97,7 +97,7 @@ def test_a_storage_directory_writable_by_others_is_refused(tmp_path: Path, mode:
     assert list(storage.iterdir()) == []
 
 
-@pytest.mark.spec("F-27")
+@pytest.mark.spec("F-38", "F-39")
 def test_a_dead_task_data_file_writable_by_others_is_refused(tmp_path: Path) -> None:
     storage = tmp_path / "storage"
     storage.mkdir(mode=0o700)
@@ -108,7 +108,7 @@ def test_a_dead_task_data_file_writable_by_others_is_refused(tmp_path: Path) -> 
         Disk(path=storage)
 
 
-@pytest.mark.spec("F-27")
+@pytest.mark.spec("F-38")
 def test_an_orphan_wal_file_writable_by_others_is_skipped_with_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     storage = tmp_path / "storage"

@@ -83,9 +83,10 @@ class DeadStoreView:
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0) -> list[DeadTask]:
         return [] if self._store is None else self._store.list_tasks(limit, offset)
 
-    def iter_dead_tasks(self, *, offset: int = 0) -> Iterator[DeadTask]:
+    def iter_dead_tasks(self, *, offset: int = 0, limit: int | None = None
+                        ) -> Iterator[DeadTask]:
         """The store read in lock steps (S-27): what the operator's long reads use (Q-90)."""
-        return iter(()) if self._store is None else self._store.iter_tasks(offset)
+        return iter(()) if self._store is None else self._store.iter_tasks(offset, limit)
 
     def find_dead_task(self, task_id: str) -> DeadTask | None:
         tid = check_task_id(task_id)

@@ -9,7 +9,8 @@ Rules:
   and names the prefixes it does hold (Q-25): it never creates a store, and a typo
   never reads as an empty one (``_cli.store``).
 - ``pending list`` scans WAL files read-only without claiming them (a live worker holds
-  its file's lock), so it shows what is on disk now; ``stats`` adds the dead tasks.
+  its file's lock), so it shows what is on disk now, merged as recovery merges (W-42);
+  ``stats`` adds the dead tasks.
 - ``--json`` prints exactly one JSON document (Q-26); text for people is escaped and
   aligned (Q-28, ``_cli.output``). Exit statuses: ``EXIT_STATUSES``.
 """
@@ -107,22 +108,22 @@ def pending_list(args: argparse.Namespace) -> int:
         return on_database
     path, prefix = _storage(args)
     from deferq._engine.scan import scan_pending  # noqa: PLC0415 - pending commands only
-    scans = scan_pending(OS_ENV, path, prefix)
+    scan = scan_pending(OS_ENV, path, prefix)  # W-42: one replay of every file, as recovery
     if args.json:
-        print_json([{"file": scan.name, "id": task.task_id, "publish_at": task.publish_at,
-                     "context": context_json(task.context)}
-                    for scan in scans for task in scan.pending])
+        print_json([{"file": scan.origin[task.task_id], "id": task.task_id,
+                     "publish_at": task.publish_at, "context": context_json(task.context)}
+                    for task in scan.pending])
         return 0
     rows = []
-    for scan in scans:
-        for task in scan.pending:
-            name, attempts = context_summary(task.context)
-            runs_at = "now" if task.publish_at is None else when(task.publish_at)
-            rows.append([safe(task.task_id), name, attempts, runs_at, safe(scan.name)])
+    for task in scan.pending:
+        name, attempts = context_summary(task.context)
+        runs_at = "now" if task.publish_at is None else when(task.publish_at)
+        rows.append([safe(task.task_id), name, attempts, runs_at,
+                     safe(scan.origin[task.task_id])])
     if rows:
         print("\n".join(table(("ID", "TASK", "ATTEMPTS", "RUNS AT", "WAL FILE"), rows)))
-    corrupt = sum(s.corrupt_lines for s in scans)
-    print(f"{len(rows)} pending task(s) in {len(scans)} WAL file(s)"
+    corrupt = scan.corrupt_lines
+    print(f"{len(rows)} pending task(s) in {len(scan.files)} WAL file(s)"
           + (f"; {corrupt} damaged line(s) skipped" if corrupt else ""))
     return 0
 
@@ -161,23 +162,23 @@ def stats(args: argparse.Namespace) -> int:
         return on_database
     path, prefix = _storage(args)
     from deferq._engine.scan import scan_pending  # noqa: PLC0415 - pending commands only
-    scans = scan_pending(OS_ENV, path, prefix)
+    scan = scan_pending(OS_ENV, path, prefix)  # W-42: the merge recovery would make
     view = DeadStoreView(path, prefix, read_only=True)  # S-32
     try:
         counts = Operator(view).dead_stats()
     finally:
         view.close()
     report: dict[str, object] = {
-        "path": path, "prefix": prefix, "wal_files": len(scans),
-        "pending_tasks": sum(len(s.pending) for s in scans),
-        "wal_damaged_lines": sum(s.corrupt_lines for s in scans),
+        "path": path, "prefix": prefix, "wal_files": len(scan.files),
+        "pending_tasks": len(scan.pending),
+        "wal_damaged_lines": scan.corrupt_lines,
         **counts,
     }
     if args.json:
         print_json(report)
         return 0
     print("\n".join(table(("STORE", ""), [
-        ["path", safe(path)], ["prefix", safe(prefix)], ["WAL files", str(len(scans))],
+        ["path", safe(path)], ["prefix", safe(prefix)], ["WAL files", str(len(scan.files))],
         ["pending tasks", str(report["pending_tasks"])],
         ["damaged WAL lines", str(report["wal_damaged_lines"])],
         ["dead tasks", str(counts["dead_tasks"])]])))

@@ -154,22 +154,27 @@ class DeadReads:
 
     def _list_indexed(self, index: DeadIndex, fd: int, size: int, offset: int,
                       limit: int | None) -> list[DeadTask]:
-        """Implements S-11, S-12: the page of S-6 read through the index."""
+        """Implements S-11, S-12, S-33, S-34: the page of S-6 read through the index.
+
+        The index holds only records with a valid frame, so the offset is a count of its
+        latest positions (no read); each of the ``limit`` positions after it is decoded,
+        and one that does not decode leaves its place in the page empty.
+        """
         out: list[DeadTask] = []
         undecodable: list[str] = []
         stop = 0  # a scan that does not fill the page reads the whole file
         reader = RecordReader(index, self._env, fd)
-        everything = len(index.offs)
+        left = len(index.offs) if limit is None else limit
         for position in index.newest(offset):
-            task = decode_dead_record(index.ids[position], reader.read(
-                position, everything if limit is None else limit - len(out)))
+            task = decode_dead_record(index.ids[position], reader.read(position, left))
             if isinstance(task, BadLine):
                 undecodable.append(index.ids[position])
             else:
                 out.append(task)
-                if limit is not None and len(out) >= limit:
-                    stop = index.key(position)
-                    break
+            left -= 1
+            if limit is not None and not left:
+                stop = index.key(position)
+                break
         corrupt = (1 if size > index.end else 0) + sum(
             damage.faults for damage in index.damage_from(stop))
         self._report(corrupt, undecodable)
@@ -216,26 +221,22 @@ class DeadReads:
 
     def _scan_newest_first(self, fd: int, size: int, offset: int,
                            limit: int | None) -> list[DeadTask]:
-        """Up to ``limit`` decoded tasks newest first, read backwards in chunks under the lock.
+        """The page of S-6 newest first, read backwards in chunks under the lock.
 
-        The first ``offset`` distinct ids (latest records with a valid frame) are
-        skipped checking only their frame and id, so only their ids are held (D-14).
-        Stops reading as soon as it has ``limit`` tasks.
+        The first ``offset`` latest records with a valid frame are skipped without
+        decoding their payloads, so only their ids are held (D-14, S-33); the next
+        ``limit`` are decoded and those that decode returned (S-34). Stops reading as
+        soon as the page is complete.
         """
-        out: list[DeadTask] = []
-        tally = Tally(skip=offset)
+        tally = Tally(skip=offset, take=-1 if limit is None else limit)
         end = records_end(self._env, fd, size)
         tally.corrupt += size > end  # a torn tail (R-@F)
-        if limit is None or limit > 0:
-            for task in newest_first(pread_blocks(self._env, fd, end), end, tally):
-                out.append(task)
-                if limit is not None and len(out) >= limit:
-                    break
+        out = list(newest_first(pread_blocks(self._env, fd, end), end, tally))
         self._cold_bytes += size - (size if tally.low < 0 else tally.low)
         self._report(tally.corrupt, tally.undecodable)
         return out
 
-    def iter_tasks(self, offset: int = 0) -> Iterator[DeadTask]:
+    def iter_tasks(self, offset: int = 0, limit: int | None = None) -> Iterator[DeadTask]:
         """Implements S-27..S-30: every dead task newest first, read in lock steps.
 
         The locks are held only inside each step (at most ``DEAD_READ_STEP_BYTES``
@@ -245,7 +246,8 @@ class DeadReads:
         self._check_usable()
         return stepped_tasks(
             lambda: SteppedBlocks(self._env, self._data, self._lock_fd, self._locked),
-            Tally(skip=offset), lambda tally: self._report(tally.corrupt, tally.undecodable))
+            Tally(skip=offset, take=-1 if limit is None else limit),
+            lambda tally: self._report(tally.corrupt, tally.undecodable))
 
 
 def _needle(task_id: str) -> bytes:

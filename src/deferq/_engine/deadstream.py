@@ -2,9 +2,12 @@
 S-6, S-27..S-30, L-6).
 
 Rules: ``newest_first`` is the one scan of the data file's lines from its newest end: it
-keeps each id once at its latest record (R-@H), skips ``offset`` ids checking only their
-frame and id (S-6: no payload is decoded), decodes the rest and counts damage as S-7
-says. It is fed blocks of the file, newest first, by whoever holds the right to read
+keeps each id once at its latest record with a valid frame (R-@H, checked before R-@G: a
+damaged line never supersedes, an older record is never decoded), skips ``offset`` ids
+checking only their frame and id (S-33: no payload is decoded, so an undecodable latest
+record counts toward the offset like any other), then takes ``limit`` ids, decoding each:
+one that does not decode (R-@G) uses its place in the page and is not returned (S-34), and
+counts damage as S-7 says. It is fed blocks of the file, newest first, by whoever holds the right to read
 them: the store's ``list`` reads them under one lock hold (S-6), ``SteppedBlocks`` in
 steps, each under the locks for at most ``DEAD_READ_STEP_BYTES`` (S-27, L-6).
 
@@ -59,7 +62,8 @@ Block = tuple[int, bytes]  # (offset, bytes): a piece of the data file, fed newe
 class Tally:
     """What one read met: damage (S-7), undecodable ids (R-@G) and the ids seen (R-@H)."""
 
-    skip: int = 0  # ids still to skip for the offset (S-6)
+    skip: int = 0  # ids still to skip for the offset (S-33)
+    take: int = -1  # ids still to take after the offset, decodable or not (S-34); -1: all
     corrupt: int = 0
     undecodable: list[str] = field(default_factory=list)
     seen: set[bytes] = field(default_factory=set)  # ids met, as UTF-8
@@ -74,10 +78,12 @@ def newest_first(blocks: Iterator[Block], end: int, tally: Tally) -> Iterator[De
     as their UTF-8 bytes. The complete lines inside each block are first checked as one
     run (``check_run``, S-40); a run it does not vouch for is checked line by line.
     """
+    if not tally.take:  # limit=0: nothing to read
+        return
     for newer, lo, block, head, last, clean in _pieces_newest_first(blocks, tally):
         if newer is not None:
             yield from _lines([newer], clean, tally)
-        if head < last:
+        if head < last and tally.take:
             checked = check_run(block) if clean else None
             if checked is not None:
                 yield from _checked_run(checked[0], checked[1], tally)
@@ -85,8 +91,10 @@ def newest_first(blocks: Iterator[Block], end: int, tally: Tally) -> Iterator[De
                 inner: list[bytes | RawLine] = list(block[head + 1:last].split(b"\n"))
                 inner.reverse()
                 yield from _lines(inner, clean, tally)
-        if lo == 0 and head >= 0:  # the file's first line
+        if lo == 0 and head >= 0 and tally.take:  # the file's first line
             yield from _lines([block[:head]], clean, tally)
+        if not tally.take:  # the page is full: read no further (S-36)
+            return
 
 
 def _checked_run(ids: list[bytes], payloads: list[bytes], tally: Tally) -> Iterator[DeadTask]:
@@ -113,14 +121,21 @@ def _checked_run(ids: list[bytes], payloads: list[bytes], tally: Tally) -> Itera
             continue
         task_id = raw_id.decode("ascii")
         task = decode_dead_record(task_id, payloads[position])
+        tally.take -= 1
         if isinstance(task, BadLine):
-            tally.undecodable.append(task_id)
+            tally.undecodable.append(task_id)  # its place in the page stays empty (S-34)
         else:
             yield task
+        if not tally.take:
+            return
 
 
 def _lines(lines: list[bytes | RawLine], clean: bool, tally: Tally) -> Iterator[DeadTask]:
     """The tasks of ``lines`` (newest first), each line checked on its own (S-6, S-7, S-31).
+
+    A line whose frame or id fails its check is damage and supersedes nothing (R-@H before
+    R-@G): only a line with a valid frame marks its id as met, counts toward ``skip`` and
+    uses a place of ``take``.
 
     ``clean`` says whether the plain ``bytes`` lines come from a block without a NUL byte.
     """
@@ -168,10 +183,13 @@ def _lines(lines: list[bytes | RawLine], clean: bool, tally: Tally) -> Iterator[
                 tally.skip -= 1
                 continue
             task = decode_dead_payload(framed)
+        tally.take -= 1
         if isinstance(task, BadLine):
-            tally.undecodable.append(task_id)
+            tally.undecodable.append(task_id)  # its place in the page stays empty (S-34)
         else:
             yield task
+        if not tally.take:
+            return
 
 
 _HEAD = b":" + DEAD_BODY_PREFIX  # what follows the CRC in a dead-task line

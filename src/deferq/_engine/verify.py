@@ -5,7 +5,8 @@ Rules: nothing is locked, written or created, so it is safe while workers run
 is skipped). Every line of every WAL file (F-1) and of the dead-task data file
 (F-9) is classified by the recovery table (spec/recovery.md): valid records
 count as records, everything else is counted under its R-@ label; a dead-task
-record whose payload does not decode counts under R-@G. A torn tail is damage
+id whose latest record's payload does not decode counts once under R-@G (R-@H is
+checked first: an older record of an id is never judged by its JSON, S-35). A torn tail is damage
 too: the next add (dead-task store) or the next open (WAL) cuts it.
 """
 
@@ -60,6 +61,7 @@ def verify_file(env: Env, path: str, name: str, kind: str) -> FileReport | None:
         report.faults[NOT_A_REGULAR_FILE] = 1
         return report
     report = FileReport(name, kind)
+    latest: dict[str, bool] = {}  # dead-task id -> its latest record does not decode (R-@G)
     try:
         report.size_bytes = env.fstat(fd).size
         # R-@L: a WAL file's reserved space (W-25) is neither records nor damage.
@@ -83,13 +85,17 @@ def verify_file(env: Env, path: str, name: str, kind: str) -> FileReport | None:
                 if isinstance(framed, BadLine):
                     _fault(report, framed.fault)
                     continue
-                task = decode_dead_payload(framed)
-                if isinstance(task, BadLine):
-                    _fault(report, task.fault)
-                    continue
+                # R-@H before R-@G (recovery.md step 6): only the latest record of an id is
+                # judged by its JSON, so the count matches a listing's.
+                latest.pop(framed.task_id, None)
+                latest[framed.task_id] = isinstance(decode_dead_payload(framed), BadLine)
             report.records += 1
     finally:
         env.close(fd)
+    undecodable = sum(latest.values())
+    if undecodable:
+        report.faults[LineFault.BAD_DEAD_PAYLOAD.value] = undecodable
+        report.records -= undecodable
     return report
 
 

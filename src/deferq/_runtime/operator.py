@@ -51,8 +51,11 @@ class Retried:
 class DeadTaskStream(Protocol):
     """A dead-task store that can be read as a stream in lock steps (S-27..S-30)."""
 
-    def iter_dead_tasks(self, *, offset: int = 0) -> Iterator[DeadTask]:
-        """Every dead task newest first, each id at most once; ``offset`` skips ids."""
+    def iter_dead_tasks(self, *, offset: int = 0, limit: int | None = None
+                        ) -> Iterator[DeadTask]:
+        """Dead tasks newest first, each id at most once; ``offset`` skips ids and
+        ``limit`` ends the read after that many more, those that do not decode included
+        (S-33, S-34)."""
 
 
 class Operator:
@@ -83,7 +86,8 @@ class Operator:
             return selected if limit is None else selected[:limit]
         if limit == 0:
             return []
-        stream = self._dead.iter_dead_tasks(offset=offset if unfiltered else 0)
+        stream = (self._dead.iter_dead_tasks(offset=offset, limit=limit) if unfiltered
+                  else self._dead.iter_dead_tasks())
         try:
             wanted: Iterator[DeadTask] = stream if unfiltered else itertools.islice(
                 (t for t in stream
