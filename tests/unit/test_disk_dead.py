@@ -290,7 +290,7 @@ def test_remove_takes_a_single_str_as_one_id(storage: Path) -> None:
         assert listed(disk) == ["b", "a"]
 
 
-@pytest.mark.spec("S-5", "C-8", "R-@H")
+@pytest.mark.spec("S-5", "S-42", "C-8", "R-@H")
 def test_remove_counts_each_distinct_id_found_once(storage: Path) -> None:
     with open_disk(storage) as disk:
         add(disk, "a")
@@ -301,7 +301,7 @@ def test_remove_counts_each_distinct_id_found_once(storage: Path) -> None:
         assert (storage / DATA).read_bytes() == b""
 
 
-@pytest.mark.spec("S-5")
+@pytest.mark.spec("S-41")
 def test_remove_that_finds_nothing_keeps_the_data_file_byte_identical_and_fsyncs_nothing(
         storage: Path) -> None:
     storage.mkdir()
@@ -317,7 +317,7 @@ def test_remove_that_finds_nothing_keeps_the_data_file_byte_identical_and_fsyncs
         assert [c.op for c in env.calls if c.op in ("fsync", "fsync_dir", "rename")] == []
 
 
-@pytest.mark.spec("S-5", "D-9")
+@pytest.mark.spec("S-39", "S-38", "D-9")
 def test_remove_that_finds_an_id_fsyncs_the_tmp_renames_it_then_fsyncs_the_directory(
         storage: Path) -> None:
     env = RecordingEnv()
@@ -342,7 +342,7 @@ def test_remove_that_finds_an_id_fsyncs_the_tmp_renames_it_then_fsyncs_the_direc
         assert listed(disk) == ["c", "a"]
 
 
-@pytest.mark.spec("S-5", "R-@B", "R-@C", "R-@E", "R-@F")
+@pytest.mark.spec("S-38", "R-@B", "R-@C", "R-@E", "R-@F")
 def test_compaction_drops_damaged_lines_and_keeps_every_other_valid_record(
         storage: Path) -> None:
     storage.mkdir()
@@ -353,7 +353,7 @@ def test_compaction_drops_damaged_lines_and_keeps_every_other_valid_record(
         assert (storage / DATA).read_bytes() == line("b") + line("c")
 
 
-@pytest.mark.spec("S-7")
+@pytest.mark.spec("S-44")
 def test_a_compaction_that_drops_damaged_lines_says_how_many_in_one_warning(
         storage: Path, caplog: pytest.LogCaptureFixture) -> None:
     storage.mkdir()
@@ -366,7 +366,7 @@ def test_a_compaction_that_drops_damaged_lines_says_how_many_in_one_warning(
         assert len(warnings) == 1 and "dropped 3 corrupted" in warnings[0]
 
 
-@pytest.mark.spec("S-5", "R-@G")
+@pytest.mark.spec("S-38", "R-@G")
 def test_compaction_keeps_records_whose_json_does_not_decode_unless_removed(
         storage: Path) -> None:
     storage.mkdir()
@@ -379,7 +379,7 @@ def test_compaction_keeps_records_whose_json_does_not_decode_unless_removed(
         assert (storage / DATA).read_bytes() == line("b")
 
 
-@pytest.mark.spec("S-5")
+@pytest.mark.spec("S-38", "S-41")
 def test_a_stale_tmp_left_by_a_crash_is_truncated_not_appended_to(storage: Path) -> None:
     storage.mkdir()
     (storage / DATA).write_bytes(line("a") + line("b"))
@@ -489,7 +489,7 @@ def test_damaged_lines_met_by_a_read_are_counted_in_one_warning(
         assert messages(caplog, logging.WARNING) == []  # nothing damaged was met
 
 
-@pytest.mark.spec("S-7", "R-@G")
+@pytest.mark.spec("S-43", "R-@G")
 def test_a_record_whose_json_does_not_decode_is_logged_as_an_error_and_skipped(
         storage: Path, caplog: pytest.LogCaptureFixture) -> None:
     storage.mkdir()

@@ -111,7 +111,7 @@ class DeadCompaction:
                 self._discard_staging()
                 raise
             if not found:
-                env.unlink(self._tmp)  # Implements S-5: the live file stays byte-identical.
+                env.unlink(self._tmp)  # Implements S-41: the live file stays byte-identical.
                 return 0
             # Implements S-9: mark the rename in flight, so that if this process dies before
             # the directory fsync, the next writer under the lock makes the rename durable
@@ -161,7 +161,7 @@ class DeadCompaction:
     def _copy_survivors(self, tmp_fd: int, task_ids: set[str]) -> set[str]:
         """Implements S-5, S-15: copy every valid record not requested to ``tmp_fd``.
 
-        Returns the requested ids found; logs the damaged lines dropped (S-7).
+        Returns the requested ids found; logs the damaged lines dropped (S-44).
         """
         env = self._env
         fd = self._open_data(OpenFlag.READ)

@@ -145,7 +145,7 @@ class DeadReads:
                 env.close(fd)
 
     def _report(self, corrupt: int, undecodable: list[str]) -> None:
-        """Implements S-7: one error per undecodable record, one warning for the damage."""
+        """Implements S-43, S-7: one error per undecodable record, one warning for the damage."""
         for task_id in undecodable:
             log.error("Can't deserialize the dead-lettered task with id %s", task_id)
         if corrupt:
