@@ -97,7 +97,7 @@ def test_dead_show(storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 3 and "no dead task" in err
 
 
-@pytest.mark.spec("Q-24", "Q-13")
+@pytest.mark.spec("Q-24", "Q-119", "Q-132", "Q-13")
 def test_dead_remove_by_id_and_by_filter_with_dry_run(storage: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     ids = build(storage)

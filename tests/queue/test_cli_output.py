@@ -153,7 +153,7 @@ def test_lists_are_aligned_tables_with_headers_and_utc_times(
 
 
 @pytest.mark.slow
-@pytest.mark.spec("Q-24")
+@pytest.mark.spec("Q-24", "Q-132")
 def test_remove_names_every_id_it_did_not_find(store: tuple[Path, dict[str, str]]) -> None:
     path, ids = store
     result = deferq("dead", "remove", ids["binary"], "1-1-404", "--path", str(path))

@@ -80,7 +80,7 @@ def test_a_missing_path_a_file_and_an_empty_directory_are_refused(tmp_path: Path
 
 
 @pytest.mark.slow
-@pytest.mark.spec("Q-24")
+@pytest.mark.spec("Q-24", "Q-118")
 def test_the_environment_gives_the_defaults_and_options_win(tmp_path: Path) -> None:
     storage = tmp_path / "store"
     _store(storage, prefix="jobs-")

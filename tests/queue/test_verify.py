@@ -47,7 +47,7 @@ def test_verify_of_clean_storage_exits_zero_and_changes_nothing(
     assert files(storage) == before
 
 
-@pytest.mark.spec("Q-17", "R-@B", "R-@C", "R-@F", "R-@G", "R-@L")
+@pytest.mark.spec("Q-17", "Q-132", "R-@B", "R-@C", "R-@F", "R-@G", "R-@L")
 def test_verify_counts_each_kind_of_damage_and_exits_four(
         storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
     populate(storage)
@@ -83,7 +83,7 @@ def test_verify_of_a_missing_directory_is_an_error_and_creates_nothing(tmp_path:
     assert not missing.exists()
 
 
-@pytest.mark.spec("Q-24")
+@pytest.mark.spec("Q-24", "Q-117")
 def test_storage_options_work_before_and_after_the_subcommand(
         storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
     populate(storage)

@@ -55,7 +55,7 @@ def _check_store(storage: Path) -> None:
     assert dead == ["d-1"]
 
 
-@pytest.mark.spec("F-25")
+@pytest.mark.spec("F-25", "F-41")
 def test_chdir_after_open_does_not_redirect_writes(tmp_path: Path) -> None:
     home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
     home.mkdir()
@@ -65,7 +65,7 @@ def test_chdir_after_open_does_not_redirect_writes(tmp_path: Path) -> None:
     _check_store(home / "storage")
 
 
-@pytest.mark.spec("F-25")
+@pytest.mark.spec("F-25", "F-41")
 def test_renamed_directory_keeps_the_open_store_and_the_old_name_stays_free(tmp_path: Path) -> None:
     home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
     home.mkdir()
@@ -76,7 +76,7 @@ def test_renamed_directory_keeps_the_open_store_and_the_old_name_stays_free(tmp_
     _check_store(tmp_path / "moved")
 
 
-@pytest.mark.spec("F-25")
+@pytest.mark.spec("F-25", "F-40")
 def test_storage_directory_that_is_a_symbolic_link_is_refused(tmp_path: Path) -> None:
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
