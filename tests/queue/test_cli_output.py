@@ -61,7 +61,7 @@ def store(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.spec("Q-26")
+@pytest.mark.spec("Q-26", "Q-133", "Q-134", "Q-112")
 def test_every_command_prints_exactly_one_json_document(store: tuple[Path, dict[str, str]],
                                                         tmp_path: Path) -> None:
     path, ids = store
@@ -90,6 +90,23 @@ def test_every_command_prints_exactly_one_json_document(store: tuple[Path, dict[
             assert isinstance(document, dict) and set(document) == {"error", "status"}
             assert document["status"] == status and isinstance(document["error"], str)
             assert result.stderr.strip().splitlines()[-1].startswith("deferq: error: ")
+    # the shape of each result.
+    shown = json.loads(deferq("dead", "show", ids["queue"], *p, "--json").stdout)
+    assert set(shown) == {"id", "task_class", "attempts", "enqueued_at", "failed_at",
+                          "exception_class", "exception_message", "backtrace", "context", "meta"}
+    assert isinstance(shown["backtrace"], list) and isinstance(shown["failed_at"], int)
+    stats = json.loads(deferq("stats", *p, "--json").stdout)
+    assert set(stats) == {"path", "prefix", "wal_files", "pending_tasks", "wal_damaged_lines",
+                          "dead_tasks", "by_task_class", "by_exception_class"}
+    pending = json.loads(deferq("pending", "list", *p, "--json").stdout)
+    assert pending and all(set(t) == {"file", "id", "publish_at", "context"} for t in pending)
+    files = json.loads(deferq("verify", *p, "--json").stdout)["files"]
+    assert files and all(set(f) == {"file", "kind", "bytes", "reserved_bytes", "records", "faults",
+                                    "torn_tail_bytes"} for f in files)
+    retried = json.loads(deferq("dead", "retry", "1-1-404", *p, "--json").stdout)
+    assert retried == {"retried": [], "missing": ["1-1-404"]}
+    dry = json.loads(deferq("dead", "remove", ids["queue"], "--dry-run", *p, "--json").stdout)
+    assert set(dry) == {"dry_run", "would_remove", "missing"} and dry["dry_run"] is True
     removed = json.loads(deferq("dead", "remove", "1-1-404", ids["queue"], *p, "--json").stdout)
     assert removed == {"removed": 1, "missing": ["1-1-404"]}
     summary = json.loads(deferq("verify", *p, "--json").stdout)["summary"]
