@@ -32,7 +32,7 @@ def test_the_demo_splits_tasks_across_two_workers_retries_and_dead_letters() -> 
     one, two = int(split.group(1)), int(split.group(2))
     assert one >= 1 and two >= 1 and one + two == 12 + 1, out  # 12 Greets and Flaky's retry
     assert out.count("ran Greet(") == 12 and "ran Flaky on its retry" in out, out
-    assert out.count("Doomed(A-17) failed") == 2, out
+    assert out.count("Doomed(order-17) failed") == 2, out
     listing = out.split("dead list", 1)[1]
-    assert re.search(r"demo\.Doomed\s+2\s+.*ValueError: order A-17 has no address", listing), out
+    assert re.search(r"demo\.Doomed\s+2\s+.*ValueError: order-17 has no address", listing), out
     assert "1 dead task(s)" in listing, out

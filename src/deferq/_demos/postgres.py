@@ -56,7 +56,7 @@ class Doomed(deferq.Task, name="demo.Doomed", registry=REG):
 
     def perform(self, order: str) -> None:
         print(f"Doomed({order}) failed", flush=True)
-        raise ValueError(f"order {order} has no address")
+        raise ValueError(f"{order} has no address")
 
     def retry_interval(self, exception: BaseException, attempt: int) -> object:
         return 0
@@ -124,7 +124,7 @@ def run(binaries: Path) -> int:
             for i in range(TASKS):
                 queue.enqueue(Greet, f"guest-{i}")
             queue.enqueue(Flaky, marker)
-            queue.enqueue(Doomed, "A-17")
+            queue.enqueue(Doomed, "order-17")
             deadline = time.monotonic() + 30
             while producer.list_pending() or not producer.list_dead_tasks():
                 if time.monotonic() > deadline:
