@@ -21,8 +21,9 @@ Rows (each prints absolute figures, the ratio deferq / floor and a verdict again
 - ``backlog``: with N pending tasks already in the table (bulk-loaded by SQL for both sides),
   enqueue 1,000 more and claim+complete 1,000 from the head; target <= 1.3x.
 
-procrastinate and pgqueuer: when importable they are reported as not measured, with the reason
-(no adapter in this benchmark yet); never a verdict without a measurement.
+pgqueuer, when it installs, runs the throughput rows through its own ``Queries`` (enqueue,
+dequeue, log_jobs) and deferq's verdict is "ahead of it"; procrastinate is reported as not
+measured, with the reason (no adapter here yet); never a verdict without a measurement.
 """
 
 from __future__ import annotations
@@ -107,7 +108,48 @@ class Deferq:
         self.db.close()
 
 
-Side = Callable[[bool], "Floor | Deferq"]
+class PgQueuer:
+    """pgqueuer's own queries (``Queries``: enqueue, dequeue, log_jobs) over psycopg's async
+    connection, one event loop per side; its worker loop is not used (no executor overhead)."""
+
+    def __init__(self, dsn: str) -> None:
+        import asyncio
+        import datetime
+        import uuid
+
+        from pgqueuer.queries import EntrypointExecutionParameter, Queries
+
+        self.loop = asyncio.new_event_loop()
+        self.conn = self.loop.run_until_complete(
+            psycopg.AsyncConnection.connect(dsn, autocommit=True))
+        self.q = Queries.from_psycopg_connection(self.conn)
+        self.entry = {"bench": EntrypointExecutionParameter(concurrency_limit=0)}
+        self.manager = uuid.uuid4()
+        self.timeout = datetime.timedelta(seconds=30)
+        self.jobs: dict[object, object] = {}
+
+    def install(self) -> None:
+        self.loop.run_until_complete(self.q.install())
+
+    def add(self) -> None:
+        self.loop.run_until_complete(self.q.enqueue("bench", PAYLOAD))
+
+    def claim(self, limit: int) -> list[object]:
+        jobs = self.loop.run_until_complete(self.q.dequeue(
+            limit, self.entry, self.manager, None, self.timeout))  # type: ignore[arg-type]
+        self.jobs.update((job.id, job) for job in jobs)
+        return [job.id for job in jobs]
+
+    def done(self, task_id: object) -> None:
+        job = self.jobs.pop(task_id)
+        self.loop.run_until_complete(self.q.log_jobs([(job, "successful", None)]))  # type: ignore[list-item]
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.conn.close())
+        self.loop.close()
+
+
+Side = Callable[[bool], "Floor | Deferq | PgQueuer"]
 
 
 def throughput(make: Side, tasks: int, producers: int) -> float:
@@ -119,14 +161,14 @@ def throughput(make: Side, tasks: int, producers: int) -> float:
     produced = threading.Event()
     errors: list[BaseException] = []
 
-    def produce(side: Floor | Deferq, count: int) -> None:
+    def produce(side: Floor | Deferq | PgQueuer, count: int) -> None:
         try:
             for _ in range(count):
                 side.add()
         except BaseException as exc:  # reported below, never swallowed
             errors.append(exc)
 
-    def work(side: Floor | Deferq) -> None:
+    def work(side: Floor | Deferq | PgQueuer) -> None:
         try:
             while True:
                 with lock:
@@ -274,9 +316,9 @@ def verdict_ratio(ratio: float) -> str:
 
 
 def peers() -> dict[str, str]:
-    """Why procrastinate and pgqueuer have no row: not installed, or no adapter here yet."""
+    """Why a peer has no row: not installed, or no adapter here yet."""
     found = {}
-    for name in ("procrastinate", "pgqueuer"):
+    for name in ("procrastinate",):
         if importlib.util.find_spec(name) is None:
             found[name] = "not installed (pip install -e '.[bench]')"
         else:
@@ -313,16 +355,32 @@ def main(argv: list[str] | None = None) -> int:
             for statement in FLOOR_SCHEMA:
                 conn.execute(statement)
 
-        def floor(_worker: bool) -> Floor | Deferq:
+        def floor(_worker: bool) -> Floor | Deferq | PgQueuer:
             return Floor(dsn)
 
-        def ours(worker: bool) -> Floor | Deferq:
+        def ours(worker: bool) -> Floor | Deferq | PgQueuer:
             return Deferq(dsn, schema, worker=worker)
+
+        pgqueuer_why = None
+        if importlib.util.find_spec("pgqueuer") is None:
+            pgqueuer_why = "not installed (pip install -e '.[bench]')"
+        else:
+            try:
+                installer = PgQueuer(dsn)
+                installer.install()
+                installer.close()
+            except Exception as exc:  # printed as the reason it has no row
+                pgqueuer_why = f"could not install its schema: {exc!r}"
+
+        def pgq(_worker: bool) -> Floor | Deferq | PgQueuer:
+            return PgQueuer(dsn)
 
         for producers in (1, 16):
             key = f"throughput_p{producers}"
             rows[key] = {"floor": throughput(floor, args.tasks, producers),
                          "deferq": throughput(ours, args.tasks, producers)}
+            if pgqueuer_why is None:
+                rows[key]["pgqueuer"] = throughput(pgq, args.tasks, producers)
         samples = 100 if args.smoke else 1000
         f50, f99 = claim_latency(floor, samples)
         d50, d99 = claim_latency(ours, samples)
@@ -354,8 +412,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:<20}{row['floor']:>10.3f}{unit:<2}{row['deferq']:>10.3f}{unit:<2}"
               f"{ratio:>7.2f}x  {verdict}")
     for key in ("throughput_p1", "throughput_p16"):
-        print(f"{key:<20}deferq {args.tasks / rows[key]['deferq']:.0f} tasks/s, floor "
-              f"{args.tasks / rows[key]['floor']:.0f} tasks/s")
+        row = rows[key]
+        line = (f"{key:<20}deferq {args.tasks / row['deferq']:.0f} tasks/s, floor "
+                f"{args.tasks / row['floor']:.0f} tasks/s")
+        if "pgqueuer" in row:
+            ahead = "PASS" if row["deferq"] < row["pgqueuer"] else "MISS"
+            line += (f", pgqueuer {args.tasks / row['pgqueuer']:.0f} tasks/s: {ahead} "
+                     f"(target: deferq ahead of pgqueuer)")
+        print(line)
+    if pgqueuer_why is not None:
+        print(f"pgqueuer: {pgqueuer_why}; no verdict")
     for name, why in peers().items():
         print(f"{name}: {why}; no verdict")
     if args.json_out is not None:
