@@ -22,8 +22,10 @@ Rows (each prints absolute figures, the ratio deferq / floor and a verdict again
   enqueue 1,000 more and claim+complete 1,000 from the head; target <= 1.3x.
 
 pgqueuer, when it installs, runs the throughput rows through its own ``Queries`` (enqueue,
-dequeue, log_jobs) and deferq's verdict is "ahead of it"; procrastinate is reported as not
-measured, with the reason (no adapter here yet); never a verdict without a measurement.
+dequeue, log_jobs) and procrastinate through its ``JobManager`` (defer_job_async, fetch_job,
+finish_job); each throughput row gives deferq's verdict "ahead of it". A peer that does not
+install or set up is printed with the reason and no verdict; never a verdict without a
+measurement.
 """
 
 from __future__ import annotations
@@ -142,14 +144,65 @@ class PgQueuer:
 
     def done(self, task_id: object) -> None:
         job = self.jobs.pop(task_id)
-        self.loop.run_until_complete(self.q.log_jobs([(job, "successful", None)]))  # type: ignore[list-item]
+        done = [(job, "successful", None)]
+        self.loop.run_until_complete(self.q.log_jobs(done))  # type: ignore[arg-type]
 
     def close(self) -> None:
         self.loop.run_until_complete(self.conn.close())
         self.loop.close()
 
 
-Side = Callable[[bool], "Floor | Deferq | PgQueuer"]
+class Procrastinate:
+    """procrastinate's own JobManager (defer_job_async, fetch_job, finish_job) over its psycopg
+    connector (a pool of one connection), one event loop per side; no worker loop."""
+
+    def __init__(self, dsn: str, *, worker: bool) -> None:
+        import asyncio
+
+        from procrastinate import PsycopgConnector, jobs, manager
+
+        self.jobs_module = jobs
+        self.loop = asyncio.new_event_loop()
+        self.connector = PsycopgConnector(conninfo=dsn, kwargs={"autocommit": True},
+                                          min_size=1, max_size=1)
+        self.loop.run_until_complete(self.connector.open_async())
+        self.manager = manager.JobManager(self.connector)
+        self.worker_id = (self.loop.run_until_complete(self.manager.register_worker())
+                          if worker else 0)
+        self.held: dict[object, object] = {}
+
+    def install(self) -> None:
+        from procrastinate import schema
+
+        self.loop.run_until_complete(
+            schema.SchemaManager(self.connector).apply_schema_async())
+
+    def add(self) -> None:
+        job = self.jobs_module.Job(queue="bench", task_name="bench.noop", lock=None,
+                                   queueing_lock=None, task_kwargs={"p": 1})
+        self.loop.run_until_complete(self.manager.defer_job_async(job))
+
+    def claim(self, limit: int) -> list[object]:
+        got: list[object] = []
+        for _ in range(limit):  # procrastinate fetches one job per query
+            job = self.loop.run_until_complete(self.manager.fetch_job(["bench"], self.worker_id))
+            if job is None:
+                break
+            self.held[job.id] = job
+            got.append(job.id)
+        return got
+
+    def done(self, task_id: object) -> None:
+        job = self.held.pop(task_id)
+        self.loop.run_until_complete(self.manager.finish_job(
+            job, self.jobs_module.Status.SUCCEEDED, delete_job=True))  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.connector.close_async())
+        self.loop.close()
+
+
+Side = Callable[[bool], "Floor | Deferq | PgQueuer | Procrastinate"]
 
 
 def throughput(make: Side, tasks: int, producers: int) -> float:
@@ -161,14 +214,14 @@ def throughput(make: Side, tasks: int, producers: int) -> float:
     produced = threading.Event()
     errors: list[BaseException] = []
 
-    def produce(side: Floor | Deferq | PgQueuer, count: int) -> None:
+    def produce(side: Floor | Deferq | PgQueuer | Procrastinate, count: int) -> None:
         try:
             for _ in range(count):
                 side.add()
         except BaseException as exc:  # reported below, never swallowed
             errors.append(exc)
 
-    def work(side: Floor | Deferq | PgQueuer) -> None:
+    def work(side: Floor | Deferq | PgQueuer | Procrastinate) -> None:
         try:
             while True:
                 with lock:
@@ -315,15 +368,17 @@ def verdict_ratio(ratio: float) -> str:
     return "PASS" if ratio <= TARGET_RATIO else "MISS"
 
 
-def peers() -> dict[str, str]:
-    """Why a peer has no row: not installed, or no adapter here yet."""
-    found = {}
-    for name in ("procrastinate",):
-        if importlib.util.find_spec(name) is None:
-            found[name] = "not installed (pip install -e '.[bench]')"
-        else:
-            found[name] = "installed, but this benchmark has no adapter for it yet: not measured"
-    return found
+def install_peer(name: str, make: Callable[[], PgQueuer | Procrastinate]) -> str | None:
+    """None when ``name`` is installed here and its schema is created, else why not."""
+    if importlib.util.find_spec(name) is None:
+        return "not installed (pip install -e '.[bench]')"
+    try:
+        side = make()
+        side.install()
+        side.close()
+    except Exception as exc:  # printed as the reason it has no row
+        return f"could not set up: {exc!r}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,32 +410,29 @@ def main(argv: list[str] | None = None) -> int:
             for statement in FLOOR_SCHEMA:
                 conn.execute(statement)
 
-        def floor(_worker: bool) -> Floor | Deferq | PgQueuer:
+        def floor(_worker: bool) -> Floor | Deferq | PgQueuer | Procrastinate:
             return Floor(dsn)
 
-        def ours(worker: bool) -> Floor | Deferq | PgQueuer:
+        def ours(worker: bool) -> Floor | Deferq | PgQueuer | Procrastinate:
             return Deferq(dsn, schema, worker=worker)
 
-        pgqueuer_why = None
-        if importlib.util.find_spec("pgqueuer") is None:
-            pgqueuer_why = "not installed (pip install -e '.[bench]')"
-        else:
-            try:
-                installer = PgQueuer(dsn)
-                installer.install()
-                installer.close()
-            except Exception as exc:  # printed as the reason it has no row
-                pgqueuer_why = f"could not install its schema: {exc!r}"
+        why = {"pgqueuer": install_peer("pgqueuer", lambda: PgQueuer(dsn)),
+               "procrastinate": install_peer(
+                   "procrastinate", lambda: Procrastinate(dsn, worker=False))}
 
-        def pgq(_worker: bool) -> Floor | Deferq | PgQueuer:
+        def pgq(_worker: bool) -> Floor | Deferq | PgQueuer | Procrastinate:
             return PgQueuer(dsn)
+
+        def pro(worker: bool) -> Floor | Deferq | PgQueuer | Procrastinate:
+            return Procrastinate(dsn, worker=worker)
 
         for producers in (1, 16):
             key = f"throughput_p{producers}"
             rows[key] = {"floor": throughput(floor, args.tasks, producers),
                          "deferq": throughput(ours, args.tasks, producers)}
-            if pgqueuer_why is None:
-                rows[key]["pgqueuer"] = throughput(pgq, args.tasks, producers)
+            for peer, make in (("pgqueuer", pgq), ("procrastinate", pro)):
+                if why[peer] is None:
+                    rows[key][peer] = throughput(make, args.tasks, producers)
         samples = 100 if args.smoke else 1000
         f50, f99 = claim_latency(floor, samples)
         d50, d99 = claim_latency(ours, samples)
@@ -415,18 +467,19 @@ def main(argv: list[str] | None = None) -> int:
         row = rows[key]
         line = (f"{key:<20}deferq {args.tasks / row['deferq']:.0f} tasks/s, floor "
                 f"{args.tasks / row['floor']:.0f} tasks/s")
-        if "pgqueuer" in row:
-            ahead = "PASS" if row["deferq"] < row["pgqueuer"] else "MISS"
-            line += (f", pgqueuer {args.tasks / row['pgqueuer']:.0f} tasks/s: {ahead} "
-                     f"(target: deferq ahead of pgqueuer)")
+        for peer in ("pgqueuer", "procrastinate"):
+            if peer in row:
+                ahead = "PASS" if row["deferq"] < row[peer] else "MISS"
+                line += (f", {peer} {args.tasks / row[peer]:.0f} tasks/s: {ahead} "
+                         f"(target: deferq ahead of {peer})")
         print(line)
-    if pgqueuer_why is not None:
-        print(f"pgqueuer: {pgqueuer_why}; no verdict")
-    for name, why in peers().items():
-        print(f"{name}: {why}; no verdict")
+    for peer, reason in why.items():
+        if reason is not None:
+            print(f"{peer}: {reason}; no verdict")
     if args.json_out is not None:
         with open(args.json_out, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"rows": rows, "peers": peers(), "tasks": args.tasks,
+            missing = {peer: reason for peer, reason in why.items() if reason is not None}
+            out.write(json.dumps({"rows": rows, "peers": missing, "tasks": args.tasks,
                                   "dead": args.dead, "backlog": args.backlog}) + "\n")
     return 0
 
