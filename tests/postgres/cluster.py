@@ -105,6 +105,12 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server processes {victims} outlived SIGKILL by 20 s")
             time.sleep(0.01)
+        # The dead postmaster may stay a zombie (a container's init need not reap it), and
+        # PostgreSQL takes a lock file whose pid still exists for a live server: remove them
+        # (the data directory's and the socket's), as a reboot would have made that pid
+        # meaningless.
+        for lock in (self.data / "postmaster.pid", self.root / ".s.PGSQL.5432.lock"):
+            lock.unlink(missing_ok=True)
 
     def destroy(self) -> None:
         try:

@@ -52,7 +52,8 @@ WORKERS = 3
 PRODUCER = WORKERS  # index of the producer: a backend that does not claim
 LEASE_S = 120.0  # never runs out by itself here; the ``expire`` rule ends leases
 EXAMPLES = int(os.environ.get("DEFERQ_PG_EXAMPLES", "3"))
-STEPS = int(os.environ.get("DEFERQ_PG_STEPS", "40"))
+STEPS = int(os.environ.get("DEFERQ_PG_STEPS", "30"))
+CRASHES = int(os.environ.get("DEFERQ_PG_CRASHES", "1"))  # server crashes per example (~1 s each)
 GIVE_UP_STEPS = ("begin", "locked", "inserted", "deleted")
 _machines = itertools.count(1)
 
@@ -71,6 +72,8 @@ class Claim:
 class PgMachine(RuleBasedStateMachine):
     def __init__(self, pg: PgSchema) -> None:
         super().__init__()
+        if not pg.cluster.running:  # a failed example (while shrinking) left it stopped
+            pg.cluster.start()
         self.db = PgSchema(pg.cluster, pg.dsn, f"{pg.schema}_m{next(_machines)}")
         note(f"schema {self.db.schema}")
         self.backends = [Postgres(dsn=pg.dsn, schema=self.db.schema, lease_seconds=LEASE_S,
@@ -287,7 +290,7 @@ class PgMachine(RuleBasedStateMachine):
         ids = self.pending_ids()
         tid = ids[pick % len(ids)]
         dead, fenced = self.give_up_expected(worker, tid, 1)
-        if fenced:
+        if fenced or (how == "crash" and self.crashes >= CRASHES):
             return
         fired: list[str] = []
         db = self.db
@@ -426,6 +429,7 @@ class PgMachine(RuleBasedStateMachine):
         self.crashes += 1
         self.settle()
 
+    @precondition(lambda self: self.crashes < CRASHES)
     @rule(how=st.sampled_from(["immediate", "sigkill"]))
     def crash_server(self, how: str) -> None:
         """P-44: a real server crash (fsync=on); every acknowledged write survives it, and
