@@ -15,8 +15,10 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 SUPERUSER = "deferq"
@@ -85,8 +87,56 @@ class Cluster:
             self.running = False
             self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
 
+    def kill(self) -> None:
+        """A real crash: SIGKILL the postmaster and every server process it started, at once
+        (the postmaster is stopped first so that it forks nothing meanwhile), then wait until
+        they are all gone. The next ``start`` runs PostgreSQL's crash recovery."""
+        pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGSTOP)
+        victims = [pid, *_children(pid)]
+        for victim in victims:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.running = False
+        deadline = time.monotonic() + 20
+        while any(_alive(victim) for victim in victims):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server processes {victims} outlived SIGKILL by 20 s")
+            time.sleep(0.01)
+        # The dead postmaster may stay a zombie (a container's init need not reap it), and
+        # PostgreSQL takes a lock file whose pid still exists for a live server: remove them
+        # (the data directory's and the socket's), as a reboot would have made that pid
+        # meaningless.
+        for lock in (self.data / "postmaster.pid", self.root / ".s.PGSQL.5432.lock"):
+            lock.unlink(missing_ok=True)
+
     def destroy(self) -> None:
         try:
             self.stop()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -12,6 +12,11 @@ Rules:
   LOCKED``: two concurrent claims never return the same task, and neither waits for the
   other (P-22). Leases are timed by the server's clock; ``publish_at`` is compared with the
   server's clock too (P-24).
+- Owner fencing (P-41): a worker that claims passes its ``owner`` to a removal and a re-add by
+  id; the statement then leaves alone a task another worker holds under a live lease, so a
+  worker that stalled past its lease and resumes cannot delete, or take back, a task that
+  someone else is now running. The condition is in the statement's own WHERE, which
+  PostgreSQL re-checks on the row's newest version after waiting for a concurrent claim.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ if TYPE_CHECKING:
     import psycopg
 
 _NOW_S = "floor(extract(epoch from now()))::bigint"
+# P-41: the row is not held by another worker under a live lease (``%(owner)s`` is the caller).
+FREE_FOR_OWNER = ("(p.lease_owner IS NULL OR p.lease_owner = %(owner)s "
+                  "OR p.lease_until < now())")
 
 
 def _pending_of(row: tuple[object, ...]) -> PendingTask:
@@ -35,8 +43,10 @@ def _pending_of(row: tuple[object, ...]) -> PendingTask:
 
 def add(conn: psycopg.Connection[tuple[object, ...]], s: str, channel: str, context: bytes,
         publish_at: int | None, task_id: str | None, owner: str | None,
-        lease_s: float) -> str:
-    """Implements P-17, P-21: insert a task (a new id from the server) or replace ``task_id``'s."""
+        lease_s: float) -> str | None:
+    """Implements P-17, P-21, P-41: insert a task (a new id from the server) or replace
+    ``task_id``'s; None when ``owner`` is fenced off (another worker's live lease holds it)."""
+    fence = "" if owner is None else f" WHERE {FREE_FOR_OWNER}"
     lease = "NULL" if owner is None else "now() + make_interval(secs => %(lease)s)"
     notify = "" if owner is not None else f", pg_notify('{channel}', '')"
     new_id = f"{_NOW_S}::text || '-' || nextval('{s}.task_seq')"
@@ -47,18 +57,24 @@ def add(conn: psycopg.Connection[tuple[object, ...]], s: str, channel: str, cont
                       %(owner)s, {lease})
               ON CONFLICT (id) DO UPDATE SET context = EXCLUDED.context,
                 publish_at = EXCLUDED.publish_at, lease_owner = EXCLUDED.lease_owner,
-                lease_until = EXCLUDED.lease_until
+                lease_until = EXCLUDED.lease_until{fence}
               RETURNING id)
             SELECT id{notify} FROM added""",
         {"id": task_id, "context": context, "publish_at": publish_at, "owner": owner,
          "lease": lease_s}).fetchone()
-    assert row is not None and isinstance(row[0], str)
+    if row is None:
+        return None
+    assert isinstance(row[0], str)
     return row[0]
 
 
-def remove(conn: psycopg.Connection[tuple[object, ...]], s: str, task_id: str) -> bool:
-    """Implements P-18: delete the task, whoever holds it; whether it was there."""
-    return conn.execute(f"DELETE FROM {s}.pending WHERE id = %s", (task_id,)).rowcount > 0
+def remove(conn: psycopg.Connection[tuple[object, ...]], s: str, task_id: str,
+           owner: str | None) -> bool:
+    """Implements P-18, P-41: delete the task (with ``owner``: unless another worker holds it
+    under a live lease); whether a row was deleted."""
+    fence = "" if owner is None else f" AND {FREE_FOR_OWNER}"
+    return conn.execute(f"DELETE FROM {s}.pending AS p WHERE p.id = %(id)s{fence}",
+                        {"id": task_id, "owner": owner}).rowcount > 0
 
 
 def held(conn: psycopg.Connection[tuple[object, ...]], s: str, owner: str) -> list[PendingTask]:

@@ -5,6 +5,11 @@ Rules:
   the caller holds the connection's lock and turns psycopg errors into ``PostgresError``.
 - The give-up handoff is one transaction: the dead task is inserted (or replaces the one of
   the same id) and the pending task is deleted, both or neither (P-30).
+- Owner fencing (P-41): with an ``owner`` (a worker that claims), the handoff first locks the
+  pending row (``FOR UPDATE``, so no claim can take it until the commit) and does nothing
+  when another worker holds it under a live lease.
+- ``probe`` (tests only, P-43) is called before each statement of the handoff and before its
+  commit, with the step's name and the session's server process id.
 - Listing is newest first by ``seq`` (an index scan), filtered by exact task class,
   exception class and a ``failed_at`` range on their own indexes (P-32).
 - PostgreSQL text cannot hold NUL: a NUL in a dead task's text is stored as the four
@@ -13,7 +18,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from deferq._core.types import DeadTask, dead_task_of
@@ -29,9 +34,28 @@ def _text(value: str) -> str:
     return value.replace("\x00", "\\x00") if "\x00" in value else value
 
 
-def add_dead(conn: psycopg.Connection[tuple[object, ...]], s: str, task: DeadTask) -> None:
-    """Implements P-30: insert the dead task and delete the pending one in one transaction."""
+Probe = Callable[[str, int], None]
+
+
+def add_dead(conn: psycopg.Connection[tuple[object, ...]], s: str, task: DeadTask,
+             owner: str | None, probe: Probe | None = None) -> bool:
+    """Implements P-30, P-41: insert the dead task and delete the pending one in one
+    transaction; False (nothing changed) when ``owner`` is fenced off."""
+    pid = conn.info.backend_pid
+
+    def step(name: str) -> None:
+        if probe is not None:
+            probe(name, pid)
+
     with conn.transaction():
+        step("begin")
+        if owner is not None:
+            row = conn.execute(f"SELECT lease_owner IS NOT NULL AND lease_owner <> %s AND "
+                               f"lease_until >= now() FROM {s}.pending WHERE id = %s "
+                               f"FOR UPDATE", (owner, task.id)).fetchone()
+            if row is not None and row[0] is True:
+                return False
+            step("locked")
         conn.execute(
             f"""INSERT INTO {s}.dead ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
                 ON CONFLICT (id) DO UPDATE SET seq = nextval('{s}.dead_seq'),
@@ -43,7 +67,10 @@ def add_dead(conn: psycopg.Connection[tuple[object, ...]], s: str, task: DeadTas
             (task.id, _text(task.task_class), task.attempts, task.enqueued_at, task.failed_at,
              _text(task.exception_class), _text(task.exception_message),
              [_text(frame) for frame in task.backtrace], task.context))
+        step("inserted")
         conn.execute(f"DELETE FROM {s}.pending WHERE id = %s", (task.id,))
+        step("deleted")  # the commit follows
+    return True
 
 
 def _dead_of(row: Sequence[object]) -> DeadTask:

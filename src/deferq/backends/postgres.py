@@ -15,10 +15,14 @@ Rules:
 - The backend remembers which tasks it holds (claimed or added while claiming); a
   heartbeat renews only those, so a task claimed by a statement whose answer was lost
   expires and is taken by another worker rather than held forever (P-25).
+- While it claims, its removals, re-adds by id and give-ups are fenced by its owner (P-41):
+  a task another worker holds under a live lease is left as it is, so a worker that stalled
+  past its lease cannot undo the new holder's claim.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import socket
 import threading
@@ -55,6 +59,8 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = ["Postgres", "PostgresError", "migrate_schema"]
+
+log = logging.getLogger("deferq.postgres")
 
 
 def _seconds(name: str, value: object, low: float) -> float:
@@ -111,6 +117,7 @@ class Postgres:
         self._claiming = False
         self._closed = False
         self._written = 0
+        self._give_up_probe: _pgdead.Probe | None = None  # tests only (P-43)
         try:
             if create_schema:
                 self._do("create the schema", lambda c: migrate(c, schema, create=True))
@@ -140,6 +147,10 @@ class Postgres:
         except PostgresError:
             self._let_go(tid)
             raise
+        if added is None:  # P-41: another worker holds it under a live lease; it is theirs
+            assert tid is not None
+            self._let_go(tid)
+            return tid
         with self._lock:
             self._written += 1
             if owner is not None:
@@ -150,9 +161,10 @@ class Postgres:
         tid = check_task_id(task_id)
         if sync is not True and sync is not False:
             raise ValueError(f"sync must be a bool, not {type(sync).__name__}")
+        owner = self.owner if self._claiming else None
         try:
-            removed = self._do("remove a task", lambda c: _pgclaims.remove(c, self._s, tid),
-                               retry=True)
+            removed = self._do("remove a task", lambda c: _pgclaims.remove(
+                c, self._s, tid, owner), retry=True)
         except PostgresError:
             self._let_go(tid)
             raise
@@ -244,17 +256,24 @@ class Postgres:
     # --- dead tasks
     def add_dead_task(self, task_id: str, context: bytes, exception: BaseException, *,
                       task_class: str, attempts: int, enqueued_at: int | None = None) -> str:
-        """Implements P-30: insert the dead task and delete the pending one, atomically.
+        """Implements P-30, P-41: insert the dead task and delete the pending one, atomically;
+        while claiming, nothing when another worker holds the task under a live lease.
 
         ``enqueued_at`` is when the task was first enqueued (C-23, F-17).
         """
         tid, data, error, name, count, first = check_dead_task(
             task_id, context, exception, task_class, attempts, enqueued_at)
         task = dead_task_for(tid, data, error, name, count, int(time.time()), first)
+        owner = self.owner if self._claiming else None
+        probe = self._give_up_probe
         try:
-            self._do("add a dead task", lambda c: _pgdead.add_dead(c, self._s, task), retry=True)
+            done = self._do("add a dead task", lambda c: _pgdead.add_dead(
+                c, self._s, task, owner, probe), retry=True)
         finally:
             self._let_go(tid)
+        if not done:
+            log.warning("task %s was not dead-lettered: its lease ran out and another worker "
+                        "now holds it and decides its fate (P-41)", tid)
         return tid
 
     def list_dead_tasks(self, *, limit: int | None = None, offset: int = 0,
