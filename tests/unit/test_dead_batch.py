@@ -14,7 +14,6 @@ with a small block size, so each block holds a run of several lines.
 from __future__ import annotations
 
 import logging
-import re
 import tempfile
 import zlib
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from deferq._core.types import DeadTask
 from deferq._engine import deadstream
 from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.osenv import OS_ENV
+from tests.unit.test_dead_stream import DamageLog
 
 PREFIX = "deferred-"
 
@@ -118,7 +118,7 @@ def test_a_run_whose_last_newline_starts_a_record_like_fragment_still_ends_there
 
 
 def read_page(storage: Path, limit: int, offset: int, way: str) -> tuple[list[str], int]:
-    handler = _Capture()
+    handler = DamageLog()
     logging.getLogger("deferq").addHandler(handler)
     store = DeadTaskStore(OS_ENV, str(storage), PREFIX)
     try:
@@ -200,17 +200,3 @@ def test_a_skipped_run_counts_each_new_id_once_and_ids_met_not_at_all(tmp_path: 
             assert [t.id for t in store.list_tasks(3, 12)] == ["o7", "o6", "o5"]
         finally:
             store.close()
-
-
-class _Capture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def damage(self) -> int:
-        found = [int(m.group(1)) for r in self.records
-                 if (m := re.match(r"Detected (\d+) corrupted", r.getMessage()))]
-        return found[0] if found else 0

@@ -120,7 +120,7 @@ def test_the_scan_and_the_stepped_read_agree_with_the_index_on_any_file(
         mp.setattr(deadstream, "DEAD_READ_STEP_BYTES", 2 * block)
         storage = Path(tmp) / "s"
         write_store(storage, data)
-        handler = _Capture()
+        handler = DamageLog()
         logging.getLogger("deferq").addHandler(handler)
         try:
             results = []
@@ -139,7 +139,9 @@ def test_the_scan_and_the_stepped_read_agree_with_the_index_on_any_file(
         assert results[1] == results[0] and results[2] == results[0], results
 
 
-class _Capture(logging.Handler):
+class DamageLog(logging.Handler):
+    """The records logged under ``deferq``, and the one damage count they report (S-7)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.records: list[logging.LogRecord] = []
