@@ -19,6 +19,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 SUPERUSER = "deferq"
@@ -140,3 +141,11 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float, poll: float) -> None:
+    """Poll ``check`` every ``poll`` seconds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(poll)

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pytest
 
 from deferq._runtime.serialize import JSON_CODEC, Context
 from deferq.backends import Postgres
+from tests.postgres.cluster import wait_until
 from tests.postgres.conftest import PgSchema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,11 +43,8 @@ def _runs(ledger: Path) -> list[tuple[str, int]]:
     return [(key, int(pid)) for key, pid in (line.split() for line in text.splitlines())]
 
 
-def _wait(what: str, check: Callable[[], bool], timeout: float = 40) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.05)
+def _wait(what: str, check: Callable[[], bool]) -> None:
+    wait_until(what, check, timeout=40, poll=0.05)
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ import pytest
 
 from deferq._runtime.serialize import JSON_CODEC, Context
 from deferq.backends import Postgres
+from tests.postgres.cluster import wait_until
 from tests.postgres.conftest import PgSchema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,11 +52,8 @@ def _lines(ledger: Path, what: str, pid: int) -> set[str]:
             if kind == what and int(who) == pid}
 
 
-def _wait(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.02)
+def _wait(what: str, check: Callable[[], bool]) -> None:
+    wait_until(what, check, timeout=30, poll=0.02)
 
 
 @pytest.mark.slow
