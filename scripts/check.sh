@@ -27,7 +27,7 @@ read -r -a specs <<<"$DEFERQ_PYTHONS"
 for spec in "${specs[@]}"; do
     venvs+=("$(venv_of "$(find_python "$spec")")")
 done
-part "mypy --strict (src, tests and the conformance tools)" .venv/bin/mypy --strict src tests conformance
+part "mypy --strict (src, tests, the conformance tools and the benchmarks)" .venv/bin/mypy --strict src tests conformance benchmarks
 part "CrossHair contracts on the pure core" bash scripts/crosshair.sh
 failed=()
 for venv in "${venvs[@]}"; do
