@@ -88,6 +88,11 @@ class DeadStoreView:
         """The store read in lock steps (S-27): what the operator's long reads use (Q-90)."""
         return iter(()) if self._store is None else self._store.iter_tasks(offset, limit)
 
+    @property
+    def undecodable_logged(self) -> int:
+        """How many undecodable records the reads so far logged and left out (S-43, Q-190)."""
+        return 0 if self._store is None else self._store.undecodable_logged
+
     def find_dead_task(self, task_id: str) -> DeadTask | None:
         tid = check_task_id(task_id)
         return None if self._store is None else self._store.find(tid)
@@ -146,8 +151,20 @@ def dead_list(args: argparse.Namespace) -> int:
         print_json([dead_json(t) for t in tasks])
         return 0
     _print_dead_table(tasks)
-    print(f"{len(tasks)} dead task(s)")
+    left_out = view.undecodable_logged if isinstance(view, DeadStoreView) else 0
+    print(list_footer(len(tasks), left_out, args.offset, args.limit))
     return 0
+
+
+def list_footer(shown: int, left_out: int, offset: int, limit: int | None) -> str:
+    """Implements Q-190: a page shortened by undecodable records says so, and where to go on."""
+    footer = f"{shown} dead task(s)"
+    if left_out:
+        footer += (f"; {left_out} undecodable record(s) left out of this page (each one"
+                   " logged; `deferq verify` counts them)")
+        if limit is not None:
+            footer += f"; the next page starts at --offset {offset + limit}"
+    return footer
 
 
 def dead_show(args: argparse.Namespace) -> int:

@@ -60,6 +60,8 @@ class DeadReads:
     _index: DeadIndex | None
     _cold_bytes: int  # bytes read by scans since the index was last dropped (S-11)
     _index_class: type[DeadIndex]
+    # Undecodable records this store has logged (S-43), for a caller that reports them (Q-190).
+    undecodable_logged: int = 0
 
     if TYPE_CHECKING:  # defined by DeadTaskStore
         def _locked(self, operation: str) -> contextlib.AbstractContextManager[None]: ...
@@ -146,6 +148,7 @@ class DeadReads:
 
     def _report(self, corrupt: int, undecodable: list[str]) -> None:
         """Implements S-43, S-7: one error per undecodable record, one warning for the damage."""
+        self.undecodable_logged += len(undecodable)
         for task_id in undecodable:
             log.error("Can't deserialize the dead-lettered task with id %s", task_id)
         if corrupt:
