@@ -422,7 +422,7 @@ def test_fsync_eio_without_kept_cache_reverts_what_reads_return() -> None:
     assert env.pread(fd, 100, 0) == b"old\0\0\0\0"  # size kept, lost pages read as holes
 
 
-@pytest.mark.spec("M-10")
+@pytest.mark.spec("M-24")
 def test_lying_fsync_reports_success_but_persists_nothing() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"")
@@ -513,7 +513,7 @@ def test_short_write_returns_fewer_bytes_and_writes_only_those() -> None:
     assert disk.read("/f") == b"0123456789"
 
 
-@pytest.mark.spec("M-10")
+@pytest.mark.spec("M-22")
 def test_enospc_and_eio_faults_change_nothing() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"abc")
@@ -543,7 +543,7 @@ def test_crash_fault_kills_before_or_after_the_call() -> None:
     assert disk.read("/f") == b"one+three"
 
 
-@pytest.mark.spec("M-10")
+@pytest.mark.spec("M-23")
 def test_bit_flip_and_zeroed_sector_at_rest_survive_power_loss() -> None:
     disk, env = machine()
     durable_file(env, "/f", b"\x00" + b"A" * 1023)

@@ -147,7 +147,7 @@ def test_a_restart_after_a_downtime_fires_the_missed_due_times_once(tmp_path: Pa
     assert dues[1] == dues[0] + 1
 
 
-@pytest.mark.spec("Q-131", "D-28")
+@pytest.mark.spec("Q-131", "D-28", "D-30")
 def test_a_new_leader_adopts_what_the_dead_leader_fired_and_its_key_absorbs_the_repeat(
         tmp_path: Path) -> None:
     lines: queues.Queue[tuple[int, int]] = queues.Queue()

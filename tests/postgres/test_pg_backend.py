@@ -372,7 +372,7 @@ def test_postgres_has_every_member_of_the_protocols_with_their_signatures() -> N
                        for p in params[len(want):]), name
 
 
-@pytest.mark.spec("C-23", "F-17")
+@pytest.mark.spec("C-23", "F-51")
 def test_a_dead_task_keeps_when_its_task_was_first_enqueued(db: Postgres) -> None:
     """The give-up's ``enqueued_at`` is stored, not the id's seed; without it, the seed."""
     first = db.add_task(b"first")

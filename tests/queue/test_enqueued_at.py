@@ -32,7 +32,7 @@ async def flaky(order: int) -> None:
     raise RuntimeError(f"order {order} failed")
 
 
-@pytest.mark.spec("Q-65", "F-17")
+@pytest.mark.spec("Q-65", "F-51")
 def test_a_dead_task_keeps_the_time_it_was_first_enqueued_across_retries() -> None:
     async def main_() -> deferq.DeadTask:
         clock = ManualClock(T0)
@@ -54,7 +54,7 @@ def test_a_dead_task_keeps_the_time_it_was_first_enqueued_across_retries() -> No
     assert decode_context(dead.context).enqueued_at == T0
 
 
-@pytest.mark.spec("Q-65", "F-17")
+@pytest.mark.spec("Q-65", "F-51")
 def test_the_enqueue_time_survives_a_restart_and_an_operators_retry(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     storage = tmp_path / "storage"
@@ -118,7 +118,7 @@ def test_a_record_with_a_bad_enqueue_time_is_refused_naming_the_field(value: obj
         decode_context(data)
 
 
-@pytest.mark.spec("F-17", "C-23")
+@pytest.mark.spec("C-23", "F-51")
 def test_add_dead_task_stores_the_given_time_else_the_seed(tmp_path: Path) -> None:
     with Disk(path=tmp_path) as disk:
         generated = disk.add_task(b"x")

@@ -77,12 +77,12 @@ def hexdump_c(data: bytes) -> str:
 # ----------------------------------------------------------------------------- codec == golden
 
 
-@pytest.mark.spec("F-14", "F-2", "F-3", "F-6", "F-7")
+@pytest.mark.spec("F-14", "F-2", "F-3", "F-6", "F-7", "F-57")
 def test_codec_reproduces_the_wal_golden_file() -> None:
     assert wal_example() == golden("wal-example.bin")
 
 
-@pytest.mark.spec("F-14", "F-2", "F-3", "F-10", "F-17")
+@pytest.mark.spec("F-14", "F-2", "F-3", "F-10", "F-57")
 def test_codec_reproduces_the_dead_task_golden_file() -> None:
     assert encode_dead(DEAD_TASK) == golden("dead-example.bin")
 

@@ -171,6 +171,7 @@ def test_lock_retry_sleeps_are_simulated_and_yield() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.spec("M-27")
 def test_a_real_block_is_reported_not_hung() -> None:
     disk = SimDisk(seed=0)
     sched = Scheduler([0, 0, 0], stuck_timeout_s=0.2)
@@ -219,7 +220,7 @@ def test_a_kill_can_wait_for_a_named_seam_call() -> None:
 # ---------------------------------------------------------------- threads of one process
 
 
-@pytest.mark.spec("M-15")
+@pytest.mark.spec("M-26")
 def test_a_held_mutex_parks_the_other_thread_until_it_is_released() -> None:
     disk = SimDisk(seed=0)
     sched = Scheduler([0, 0, 1, 1, 1, 1])  # a starts and takes the mutex, then b is preferred
@@ -243,7 +244,7 @@ def test_a_held_mutex_parks_the_other_thread_until_it_is_released() -> None:
     assert ops.index(("a", "time")) < ops.index(("b", "blocked"))
 
 
-@pytest.mark.spec("M-15")
+@pytest.mark.spec("M-25")
 def test_acquire_is_a_scheduling_point_and_a_non_blocking_try_fails_at_once() -> None:
     disk = SimDisk(seed=0)
     sched = Scheduler([0, 0, 1, 1, 0])
@@ -265,7 +266,7 @@ def test_acquire_is_a_scheduling_point_and_a_non_blocking_try_fails_at_once() ->
     assert got == [False] and all(o.returned for o in result.outcomes.values())
 
 
-@pytest.mark.spec("M-15")
+@pytest.mark.spec("M-26")
 def test_a_condition_wait_parks_until_notified_and_retakes_the_mutex() -> None:
     disk = SimDisk(seed=0)
     sched = Scheduler([0] * 40)
@@ -342,7 +343,7 @@ def test_a_wait_nobody_notifies_is_a_deadlock_not_a_hang() -> None:
     assert "on condition" in caught.value.waits["lonely"]
 
 
-@pytest.mark.spec("M-17")
+@pytest.mark.spec("M-17", "M-28")
 def test_threads_of_one_process_share_its_flocks_and_die_together() -> None:
     disk = SimDisk(seed=0)
     sched = Scheduler([0, 0, 1, 1, 2, 2] + [0] * 60)  # each takes its flock, then t0 runs on
@@ -418,6 +419,7 @@ def test_the_os_env_hands_out_plain_threading_locks() -> None:
     assert isinstance(env.condition(mutex), threading.Condition)
 
 
+@pytest.mark.spec("M-27")
 def test_a_mutex_of_the_run_is_a_plain_lock_outside_it() -> None:
     disk = SimDisk(seed=0)
     sched = Scheduler()

@@ -79,7 +79,8 @@ plans = st.builds(
 
 
 @pytest.mark.slow
-@pytest.mark.spec("M-15", "M-17", "M-18", "L-1", "L-7", "L-8", "D-11", "S-14", "W-21")
+@pytest.mark.spec("M-15", "M-17", "M-18", "M-25", "M-26", "M-29", "M-30", "L-1", "L-7", "L-8",
+                  "D-11", "S-14", "W-21")
 @given(plan=plans, seed=st.integers(0, 2**16))
 @machine_settings(max_examples=EXAMPLES, stateful_step_count=1)
 def test_threads_and_processes_agree_with_the_model(plan: Plan, seed: int) -> None:
@@ -106,14 +107,14 @@ class ThreadsMachine(RuleBasedStateMachine):
         assert not violations, "\n".join(violations)
 
 
-TestThreadsMachine = pytest.mark.slow(pytest.mark.spec("M-17", "M-18", "W-27", "D-11")(
+TestThreadsMachine = pytest.mark.slow(pytest.mark.spec("M-17", "M-18", "M-29", "M-30", "W-27", "D-11")(
     ThreadsMachine.TestCase))
 TestThreadsMachine.settings = machine_settings(max_examples=max(1, EXAMPLES // 5),
                                                stateful_step_count=5)
 
 
 @pytest.mark.slow
-@pytest.mark.spec("M-18")
+@pytest.mark.spec("M-18", "M-31")
 def test_the_exploration_has_teeth_a_lock_order_mutant_fails_a_plan() -> None:
     # The mutants of crashtest/catalogue/locks.py, through the same check: some plan of the
     # first few dozen seeds shows each of them (tests/mutants runs them in full).
@@ -200,7 +201,7 @@ class _ForgetfulStore(DeadTaskStore):
     _lock_class: type[DeadLock] = _ForgetfulLock
 
 
-@pytest.mark.spec("M-16", "M-18")
+@pytest.mark.spec("M-16", "M-18", "M-31")
 def test_an_engine_that_deadlocks_its_threads_is_reported_not_hung() -> None:
     engine = Engine("forgetful", type("Forgetful", (Disk,), {"_dead_class": _ForgetfulStore}))
     process_0 = ((("list", 0),), (("find", 0),))  # two threads, one operation each

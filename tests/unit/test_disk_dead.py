@@ -772,7 +772,7 @@ def recurse(depth: int) -> None:
     recurse(depth - 1)
 
 
-@pytest.mark.spec("F-17")
+@pytest.mark.spec("F-17", "F-48", "F-50")
 def test_a_long_exception_message_is_clipped_with_a_truncation_marker(storage: Path) -> None:
     with open_disk(storage) as disk:
         disk.add_dead_task("long", b"", caught("m" * 100_000), task_class="T", attempts=1)
@@ -786,7 +786,7 @@ def test_a_long_exception_message_is_clipped_with_a_truncation_marker(storage: P
     assert fits.exception_message == "m" * EXCEPTION_MESSAGE_CHARS_MAX
 
 
-@pytest.mark.spec("F-17")
+@pytest.mark.spec("F-17", "F-49")
 def test_the_backtrace_keeps_the_20_frames_nearest_the_raise_outermost_first(
         storage: Path) -> None:
     try:
@@ -812,7 +812,7 @@ def test_the_backtrace_keeps_the_20_frames_nearest_the_raise_outermost_first(
     assert deep_task.backtrace[-1] == shallow_task.backtrace[-1]
 
 
-@pytest.mark.spec("F-17")
+@pytest.mark.spec("F-17", "F-50")
 def test_a_backtrace_frame_is_clipped_to_4096_characters(storage: Path) -> None:
     name = "f" * 5000
     namespace: dict[str, Any] = {}
@@ -828,7 +828,7 @@ def test_a_backtrace_frame_is_clipped_to_4096_characters(storage: Path) -> None:
     assert len(task.backtrace[-1]) == 4096 and task.backtrace[-1].endswith("...[truncated]")
 
 
-@pytest.mark.spec("F-17")
+@pytest.mark.spec("F-17", "F-47", "F-50")
 def test_exception_class_is_module_and_qualname_or_the_bare_builtin_name(
         storage: Path) -> None:
     long_class = type("C" * 2000, (Exception,), {})
@@ -857,7 +857,7 @@ def test_exception_class_is_module_and_qualname_or_the_bare_builtin_name(
     assert names["long"].startswith(f"{long_class.__module__}.CCC")
 
 
-@pytest.mark.spec("F-17", "W-28")
+@pytest.mark.spec("W-28", "F-51", "F-52")
 def test_enqueued_at_is_the_ids_leading_integer_and_failed_at_the_wall_clock(
         storage: Path) -> None:
     clock = ManualClock(wall=1_700_000_123.9)

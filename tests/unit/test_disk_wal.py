@@ -809,7 +809,7 @@ def test_a_failed_write_is_cut_back_and_the_wal_stays_usable(
 # ----------------------------------------------------------------------------- reserved space
 
 
-@pytest.mark.spec("W-25", "R-@L")
+@pytest.mark.spec("W-25", "R-@L", "F-46")
 def test_records_are_written_into_space_reserved_after_them_and_read_back_without_it(
         storage: Path, caplog: pytest.LogCaptureFixture) -> None:
     env = RecordingEnv()

@@ -57,7 +57,7 @@ def _headers(backtrace: tuple[str, ...]) -> list[str]:
     return [line for line in backtrace if line.startswith(("[cause] ", "[context] "))]
 
 
-@pytest.mark.spec("F-18")
+@pytest.mark.spec("F-18", "F-53")
 def test_a_cause_follows_the_exceptions_own_frames_with_its_header_and_frames(
         tmp_path: Path) -> None:
     exc = _caught(_explicit)
@@ -99,7 +99,7 @@ def _deep(depth: int, exc: BaseException) -> None:
     _deep(depth - 1, exc)
 
 
-@pytest.mark.spec("F-18")
+@pytest.mark.spec("F-18", "F-53", "F-54")
 def test_the_chain_is_bounded_and_leaves_the_own_frames_the_rest_of_the_twenty_lines() -> None:
     top = OSError("top")
     top.__cause__ = _chain_of(CHAIN_EXCEPTIONS_MAX + 3)
@@ -119,7 +119,7 @@ def test_the_chain_is_bounded_and_leaves_the_own_frames_the_rest_of_the_twenty_l
     assert decode_dead_payload(framed) == task
 
 
-@pytest.mark.spec("F-18")
+@pytest.mark.spec("F-18", "F-53")
 def test_a_chain_that_loops_ends_and_a_long_header_is_clipped() -> None:
     first, second = ValueError("x" * 10_000), KeyError("k")
     first.__context__, second.__context__ = second, first

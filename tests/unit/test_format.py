@@ -253,7 +253,7 @@ def test_non_canonical_publish_at_is_bad_body(publish_at: bytes) -> None:
     assert decode_wal_line(framed(b"add:a:" + publish_at + b":")) == BAD_BODY
 
 
-@pytest.mark.spec("F-6", "F-19", "R-@D")
+@pytest.mark.spec("F-6", "F-19", "R-@D", "F-56")
 def test_publish_at_is_read_up_to_2_to_the_63_minus_1_and_twenty_nines_are_a_bad_body() -> None:
     largest = b"%d" % (2**63 - 1)
     assert decode_wal_line(framed(b"add:a:" + largest + b":")) == WalAdd("a", 2**63 - 1, b"")
@@ -333,7 +333,7 @@ def test_check_task_id_names_the_argument() -> None:
 # ----------------------------------------------------------------------------- id seeds (W-28, F-17)
 
 
-@pytest.mark.spec("W-28", "F-17")
+@pytest.mark.spec("W-28", "F-51")
 @pytest.mark.parametrize(("task_id", "seed"), [
     ("1700000000-42-1", 1700000000),
     ("0-1-1", 0),

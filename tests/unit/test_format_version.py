@@ -22,7 +22,7 @@ from tests.fsenv import ManualClock, RecordingEnv
 FAR = 9_000_000_000  # a seed far ahead of any clock
 
 
-@pytest.mark.spec("F-20", "F-15")
+@pytest.mark.spec("F-20", "F-15", "F-58")
 def test_files_of_a_later_format_version_are_never_claimed_read_or_changed(
         storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
     storage.mkdir(parents=True)
@@ -42,7 +42,7 @@ def test_files_of_a_later_format_version_are_never_claimed_read_or_changed(
     assert {p: p.read_bytes() for p in before} == before
 
 
-@pytest.mark.spec("F-21", "W-28")
+@pytest.mark.spec("F-21", "W-28", "F-59")
 def test_a_file_holding_only_a_seed_marker_raises_the_next_seeds_above_it(storage: Path) -> None:
     storage.mkdir(parents=True)
     marker = storage / wal_file_name("deferred-", "20260807", 777, 1)

@@ -22,7 +22,7 @@ from deferq.backends._deadtask import dead_task_for
 from deferq.testing import Memory
 
 
-@pytest.mark.spec("F-19")
+@pytest.mark.spec("F-19", "F-55")
 @pytest.mark.parametrize("backend", ["disk", "memory"])
 def test_add_dead_task_refuses_attempts_beyond_64_bits_and_stores_the_largest(
         tmp_path: Path, backend: str) -> None:
@@ -39,7 +39,7 @@ def test_add_dead_task_refuses_attempts_beyond_64_bits_and_stores_the_largest(
         assert (task.attempts, task.enqueued_at) == (INT_FIELD_MAX, INT_FIELD_MAX)
 
 
-@pytest.mark.spec("F-19")
+@pytest.mark.spec("F-55")
 def test_a_clock_beyond_64_bits_is_refused_when_the_dead_task_is_built() -> None:
     with pytest.raises(ValueError, match="times must be at most"):
         dead_task_for("a", b"", RuntimeError("x"), "T", 1, INT_FIELD_MAX + 1)
@@ -51,7 +51,7 @@ def _dead(**changes: int) -> DeadTask:
                     backtrace=(), context=b"c", **fields)
 
 
-@pytest.mark.spec("F-19", "R-@D", "R-@G")
+@pytest.mark.spec("F-19", "R-@D", "R-@G", "F-56")
 def test_readers_treat_an_integer_beyond_64_bits_as_a_record_that_does_not_parse(
         tmp_path: Path) -> None:
     assert decode_wal_line(encode_add("a", INT_FIELD_MAX, b"x")[:-1]) == WalAdd(

@@ -68,7 +68,7 @@ def check_task_id(task_id: object, *, argument: str = "task_id") -> str:
 
 
 def id_seed(task_id: str) -> int:
-    """The leading integer of a task id, before its first '-', or 0 (W-28, F-17).
+    """The leading integer of a task id, before its first '-', or 0 (W-28, F-51).
 
     Only a run of 1 to SEED_DIGITS_MAX ASCII digits whose value is at most
     INT_FIELD_MAX counts, what a reader with 64-bit integers parses (F-19).

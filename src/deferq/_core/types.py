@@ -25,7 +25,7 @@ class DeadTask:
     """A task that gave up, as stored in the dead-task store (F-10).
 
     ``enqueued_at`` is the epoch second the task was first enqueued when its writer
-    knew it (F-17, Q-65), else the leading integer of a generated task id (its seed
+    knew it (F-51, Q-65), else the leading integer of a generated task id (its seed
     second), or 0 when the id does not start with one. ``failed_at`` is the
     epoch second when the record was written. ``context`` is opaque bytes.
     """

@@ -1,4 +1,4 @@
-"""Generic exploration of threads and processes interleaved at syscalls and locks (M-15..M-19).
+"""Generic exploration of threads and processes interleaved at syscalls and locks (M-15..M-31).
 
 Goal: find races between the threads of one process (a process-local mutex beside a flock on
 a shared open file description) and between processes without a scenario written for each:

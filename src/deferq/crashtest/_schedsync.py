@@ -1,6 +1,6 @@
 """The scheduler's mutexes and condition variables: process-local locks as scheduling points.
 
-Rules (spec/simulator.md M-15..M-17). The engine makes every lock it shares between the
+Rules (spec/simulator.md M-15..M-17, M-25..M-28). The engine makes every lock it shares between the
 threads of one process through its ``Env`` (``Env.mutex``, ``Env.condition``). Through a
 ``ScheduledEnv`` these are a ``SchedMutex`` and a ``SchedCondition``, which never block for
 real: their state (held or not, by which thread; who waits on what) lives here, under the
@@ -127,7 +127,7 @@ class SyncPoints:
         def _live(self) -> list[_Task]: ...
 
     def acquire(self, mutex: SchedMutex, blocking: bool) -> bool:
-        """Implements M-15: a scheduling point, then take ``mutex`` or park blocked on it."""
+        """Implements M-25, M-26: a scheduling point, then take ``mutex`` or park blocked on it."""
         task = self._current()
         if task is None:
             return self._acquire_outside(mutex, blocking)
@@ -168,7 +168,7 @@ class SyncPoints:
             self._wake(mutex)
 
     def wait(self, cond: SchedCondition, timeout: float | None) -> bool:
-        """Implements M-15: free the mutex, park until notified, take the mutex again."""
+        """Implements M-26: free the mutex, park until notified, take the mutex again."""
         task = self._current()
         mutex = cond.mutex
         if task is None:
