@@ -186,7 +186,7 @@ def _dead(n: int) -> DeadTask:
                     backtrace=("f",), context=bytes([n % 256]))
 
 
-@pytest.mark.spec("S-10", "S-11")
+@pytest.mark.spec("S-10", "S-11", "S-48", "S-51")
 @settings(max_examples=40, deadline=None)
 @given(count=st.integers(1, 30), victim=st.integers(0, 10**6), at=st.integers(0, 10**6),
        value=st.integers(0, 255), ahead=st.integers(1, 40))
@@ -221,7 +221,7 @@ def test_the_record_reader_returns_each_payload_or_refuses_a_record_changed_in_p
         os.close(fd)
 
 
-@pytest.mark.spec("S-10", "S-11", "S-7")
+@pytest.mark.spec("S-10", "S-11", "S-7", "S-48", "S-51")
 def test_a_listed_record_damaged_in_place_makes_the_list_fall_back_to_the_scan(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with Disk(path=str(tmp_path), fsync_frequency=0) as disk:

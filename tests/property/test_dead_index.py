@@ -258,7 +258,8 @@ def run(steps: list[tuple[object, ...]]) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-@pytest.mark.spec("S-6", "S-7", "S-10", "S-11", "S-12", "S-13", "S-15", "S-33", "R-@H", "R-@K")
+@pytest.mark.spec("S-6", "S-7", "S-10", "S-11", "S-12", "S-13", "S-15", "S-33", "S-45", "S-46",
+                  "S-82", "R-@H", "R-@K")
 @settings(max_examples=300)
 @given(st.lists(ops, max_size=40))
 def test_every_read_equals_the_line_by_line_scan_of_the_file_as_it_is(

@@ -44,7 +44,7 @@ def store(tmp_path: Path) -> tuple[Path, list[str], int]:
     return tmp_path, [str(task["id"]) for task in expected["dead"]], undecodable
 
 
-@pytest.mark.spec("Q-190", "S-33", "S-34")
+@pytest.mark.spec("Q-190", "S-33", "S-34", "S-81")
 def test_paging_by_the_footer_reaches_every_task(store: tuple[Path, list[str], int]) -> None:
     path, expected_ids, undecodable = store
     seen: list[str] = []

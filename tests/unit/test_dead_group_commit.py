@@ -84,7 +84,7 @@ def run_adds(disk: Disk, env: HeldFsyncEnv, ids: list[str]) -> dict[str, BaseExc
     return outcome
 
 
-@pytest.mark.spec("S-14", "S-4", "D-7")
+@pytest.mark.spec("S-14", "S-4", "D-7", "S-53", "S-54")
 def test_concurrent_adds_share_one_write_and_one_fsync_and_return_after_it(
         storage: Path) -> None:
     data = str(storage / DATA)
@@ -106,7 +106,7 @@ def test_concurrent_adds_share_one_write_and_one_fsync_and_return_after_it(
         assert sorted(t.id for t in disk.list_dead_tasks()) == sorted(ids)
 
 
-@pytest.mark.spec("S-14", "S-8", "D-10", "A-7")
+@pytest.mark.spec("S-14", "S-8", "D-10", "A-7", "S-56")
 def test_a_failed_batch_fsync_fails_every_caller_cuts_back_and_breaks_the_store(
         storage: Path) -> None:
     data = str(storage / DATA)
@@ -126,7 +126,7 @@ def test_a_failed_batch_fsync_fails_every_caller_cuts_back_and_breaks_the_store(
             disk._dead.add(dead("after"))
 
 
-@pytest.mark.spec("S-14", "S-8")
+@pytest.mark.spec("S-14", "S-8", "S-55")
 def test_a_failed_batch_write_fails_every_caller_and_leaves_the_store_usable(
         storage: Path) -> None:
     data = str(storage / DATA)
@@ -143,7 +143,7 @@ def test_a_failed_batch_write_fails_every_caller_and_leaves_the_store_usable(
         assert sorted(t.id for t in disk.list_dead_tasks()) == ["after", "lead"]
 
 
-@pytest.mark.spec("S-14", "S-8", "D-10")
+@pytest.mark.spec("S-14", "S-8", "D-10", "S-56")
 def test_on_a_simulated_disk_an_fsync_eio_fails_the_whole_batch() -> None:
     sim = SimDisk(5)
     env = sim.process()
@@ -164,7 +164,7 @@ def test_on_a_simulated_disk_an_fsync_eio_fails_the_whole_batch() -> None:
     disk.close()
 
 
-@pytest.mark.spec("S-14", "L-1", "L-3", "D-8")
+@pytest.mark.spec("S-14", "L-1", "L-3", "D-8", "S-57")
 def test_threads_whose_lines_no_leader_took_give_up_and_write_nothing(storage: Path) -> None:
     clock = ManualClock()
     env = FaultyEnv(clock)
@@ -191,7 +191,7 @@ def test_threads_whose_lines_no_leader_took_give_up_and_write_nothing(storage: P
         assert (storage / DATA).read_bytes() == b""
 
 
-@pytest.mark.spec("L-5", "S-14", "L-2", "L-3", "D-8")
+@pytest.mark.spec("L-5", "S-14", "L-2", "L-3", "D-8", "S-57", "L-13")
 def test_the_leaders_twenty_attempts_stand_for_every_line_queued_behind_it(
         storage: Path) -> None:
     clock = ManualClock()

@@ -69,7 +69,7 @@ class SameInodeEnv(RecordingEnv):
 # ----------------------------------------------------------------------------- S-10
 
 
-@pytest.mark.spec("S-10", "S-11", "D-11")
+@pytest.mark.spec("S-10", "S-11", "D-11", "S-45", "S-46")
 def test_appends_by_another_process_extend_the_index_in_place(storage: Path) -> None:
     env = RecordingEnv()
     with open_disk(storage, env) as mine, open_disk(storage) as other:
@@ -85,7 +85,7 @@ def test_appends_by_another_process_extend_the_index_in_place(storage: Path) -> 
         assert env.bytes_read(str(storage / DATA)) < 4 * line + READ_CHUNK_BYTES // 8
 
 
-@pytest.mark.spec("S-10", "D-11")
+@pytest.mark.spec("S-10", "D-11", "S-45")
 def test_a_compaction_by_another_process_drops_the_index_even_when_the_file_grew_back(
         storage: Path) -> None:
     with open_disk(storage) as mine, open_disk(storage) as other:
@@ -99,7 +99,7 @@ def test_a_compaction_by_another_process_drops_the_index_even_when_the_file_grew
         assert ids_of(mine, limit=None) == ["e", "d", "c", "b"]
 
 
-@pytest.mark.spec("S-10")
+@pytest.mark.spec("S-10", "S-45")
 def test_with_a_reused_inode_number_the_checked_bytes_still_catch_the_new_file(
         storage: Path) -> None:
     env = SameInodeEnv()
@@ -113,7 +113,7 @@ def test_with_a_reused_inode_number_the_checked_bytes_still_catch_the_new_file(
         assert ids_of(mine, limit=None) == ["e", "d", "c", "b"]
 
 
-@pytest.mark.spec("S-10", "R-@F")
+@pytest.mark.spec("S-10", "R-@F", "S-45")
 def test_a_cut_into_the_indexed_bytes_drops_the_index(storage: Path) -> None:
     with open_disk(storage) as mine:
         add(mine, "a", "b", "c")
@@ -124,7 +124,7 @@ def test_a_cut_into_the_indexed_bytes_drops_the_index(storage: Path) -> None:
         assert mine.find_dead_task("c") is None
 
 
-@pytest.mark.spec("S-10", "S-4")
+@pytest.mark.spec("S-10", "S-4", "S-46", "S-47")
 def test_our_own_adds_and_a_torn_tail_are_folded_into_the_index(storage: Path) -> None:
     with open_disk(storage) as mine:
         add(mine, "a")
@@ -141,7 +141,7 @@ def test_our_own_adds_and_a_torn_tail_are_folded_into_the_index(storage: Path) -
 # ----------------------------------------------------------------------------- S-11
 
 
-@pytest.mark.spec("S-11", "D-18")
+@pytest.mark.spec("S-11", "D-18", "S-49", "S-50")
 def test_warm_reads_touch_only_the_records_they_return(storage: Path) -> None:
     ids = [f"task-{n}" for n in range(3000)]
     size = write_store(storage, ids)
@@ -161,7 +161,7 @@ def test_warm_reads_touch_only_the_records_they_return(storage: Path) -> None:
         assert disk._dead._index is not None and disk._dead._index.memory_items() == 3000
 
 
-@pytest.mark.spec("S-11", "S-13", "D-14")
+@pytest.mark.spec("S-11", "S-13", "D-14", "S-52")
 def test_the_index_is_built_only_by_a_full_list_or_after_a_file_of_scanning(
         storage: Path) -> None:
     ids = [f"task-{n}" for n in range(1010)]
@@ -183,7 +183,7 @@ def test_the_index_is_built_only_by_a_full_list_or_after_a_file_of_scanning(
         assert disk._dead._index is not None
 
 
-@pytest.mark.spec("S-11", "S-9")
+@pytest.mark.spec("S-11", "S-9", "S-47")
 def test_our_own_compaction_drops_the_index_and_reads_stay_right(storage: Path) -> None:
     with open_disk(storage) as disk:
         add(disk, "a", "b", "c")

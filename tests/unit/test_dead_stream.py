@@ -108,7 +108,7 @@ def build_file(kinds: list[tuple[str, int]], torn: bool) -> bytes:
     return data + (b"0badc0de:dead_task:torn" if torn else b"")
 
 
-@pytest.mark.spec("S-27", "S-31", "S-6", "S-7", "S-12", "R-@H", "R-@K")
+@pytest.mark.spec("S-27", "S-31", "S-6", "S-7", "S-12", "R-@H", "R-@K", "S-60")
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(LINE_KINDS, st.integers(0, 40)), max_size=25), st.booleans(),
        st.sampled_from([5, 17, 64, 300]))
@@ -156,7 +156,7 @@ class DamageLog(logging.Handler):
         return found[0] if found else 0
 
 
-@pytest.mark.spec("S-27", "S-6", "R-@E")
+@pytest.mark.spec("S-27", "S-6", "R-@E", "S-60")
 def test_an_over_long_line_is_one_damaged_line_to_the_stepped_read(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from deferq._core.limits import LINE_BYTES_MAX
@@ -196,7 +196,7 @@ class PreadCounter(OsEnv):
         return data
 
 
-@pytest.mark.spec("S-27", "S-30", "L-6")
+@pytest.mark.spec("S-27", "S-30", "L-6", "S-59", "S-58")
 @pytest.mark.slow
 def test_a_stepped_read_holds_the_locks_only_for_bounded_steps_and_never_while_the_caller_works(
         tmp_path: Path) -> None:
@@ -229,7 +229,7 @@ def test_a_stepped_read_holds_the_locks_only_for_bounded_steps_and_never_while_t
 # ----------------------------------------------------------------------------- S-28, S-29
 
 
-@pytest.mark.spec("S-28")
+@pytest.mark.spec("S-28", "S-63", "S-61")
 def test_a_stepped_read_returns_its_snapshot_not_records_appended_after_it(
         tmp_path: Path) -> None:
     with Disk(path=tmp_path, prefix=PREFIX, fsync_frequency=0) as disk:
@@ -247,7 +247,7 @@ def test_a_stepped_read_returns_its_snapshot_not_records_appended_after_it(
     assert all(t.exception_message == "gave up" for t in rest)
 
 
-@pytest.mark.spec("S-29", "S-28")
+@pytest.mark.spec("S-29", "S-28", "S-62", "S-64")
 def test_under_a_concurrent_compaction_each_id_comes_once_and_every_survivor_comes(
         tmp_path: Path) -> None:
     ids = [f"t{i}" for i in range(400)]
@@ -270,7 +270,7 @@ def test_under_a_concurrent_compaction_each_id_comes_once_and_every_survivor_com
     assert set(got) - survivors <= {"t399", "added"}
 
 
-@pytest.mark.spec("S-29")
+@pytest.mark.spec("S-29", "S-75")
 def test_a_read_that_keeps_meeting_compactions_gives_up_with_a_clear_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(deadstream, "READ_CHUNK_BYTES", 4096)  # about one record per step
@@ -296,7 +296,7 @@ def test_a_read_that_keeps_meeting_compactions_gives_up_with_a_clear_error(
 # ----------------------------------------------------------------------------- S-31
 
 
-@pytest.mark.spec("S-31", "S-6", "S-33")
+@pytest.mark.spec("S-31", "S-6", "S-33", "S-80")
 def test_a_deep_page_decodes_only_its_own_records(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     write_store(tmp_path, b"".join(encode_dead(dead(f"t{i}")) for i in range(1000)))
@@ -344,7 +344,7 @@ def _places_file() -> tuple[bytes, list[str | None]]:
     return data, places
 
 
-@pytest.mark.spec("S-33", "S-34", "S-31", "S-40", "S-27", "R-@G", "R-@H")
+@pytest.mark.spec("S-33", "S-34", "S-31", "S-40", "S-27", "R-@G", "R-@H", "S-82", "S-81")
 @pytest.mark.parametrize("chunk", [READ_CHUNK_BYTES, 600])
 def test_pages_over_undecodable_latest_records_partition_the_listing_on_every_read_path(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
@@ -388,7 +388,7 @@ def test_pages_over_undecodable_latest_records_partition_the_listing_on_every_re
 # ----------------------------------------------------------------------------- S-32
 
 
-@pytest.mark.spec("S-32")
+@pytest.mark.spec("S-32", "S-78", "S-79")
 def test_a_read_only_view_creates_writes_and_fsyncs_nothing_and_refuses_to_change_the_store(
         tmp_path: Path) -> None:
     from deferq._engine.env import OpenFlag
@@ -410,11 +410,12 @@ def test_a_read_only_view_creates_writes_and_fsyncs_nothing_and_refuses_to_chang
         store.close()
     opens = env.calls_of("open")
     assert opens and all(c.flags == OpenFlag.READ for c in opens), opens
+    assert env.calls_of("flock")  # S-79: it locks its reads like any reader
     assert not [c for c in env.calls if "fsync" in c.op or c.op in ("write", "ftruncate")]
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.spec("S-32")
+@pytest.mark.spec("S-32", "S-76")
 def test_reading_commands_read_a_store_without_dead_task_files_as_empty_and_create_none(
         tmp_path: Path) -> None:
     from deferq._cli import main
@@ -430,7 +431,7 @@ def test_reading_commands_read_a_store_without_dead_task_files_as_empty_and_crea
     assert sorted(os.listdir(tmp_path)) == names
 
 
-@pytest.mark.spec("S-32")
+@pytest.mark.spec("S-32", "S-77")
 def test_a_copied_store_without_its_lock_file_is_refused_naming_it(tmp_path: Path) -> None:
     """A reading command cannot lock such a store, and creates nothing to do so."""
     from deferq._cli.dead import DeadStoreView

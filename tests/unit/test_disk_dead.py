@@ -899,7 +899,7 @@ def _pages(disk: Disk, size: int, places: int) -> list[list[str]]:
             for offset in range(0, places, size)]
 
 
-@pytest.mark.spec("S-6", "S-33", "S-34", "R-@G", "D-14")
+@pytest.mark.spec("S-6", "S-33", "S-34", "R-@G", "D-14", "S-81")
 def test_offset_pages_partition_the_decodable_tasks_whatever_undecodable_lines_sit_between(
         storage: Path) -> None:
     names = [f"t{n}" for n in range(9)]

@@ -242,7 +242,7 @@ def test_read_only_commands_work_on_a_store_nobody_may_write(shared: Path) -> No
     assert _snapshot(storage) == before
 
 
-@pytest.mark.spec("Q-81", "S-32")
+@pytest.mark.spec("Q-81", "S-32", "S-76")
 def test_read_only_commands_create_nothing_where_no_dead_task_was_stored(tmp_path: Path) -> None:
     from deferq._cli import main
 

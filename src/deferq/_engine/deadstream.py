@@ -17,7 +17,7 @@ lists, bulk selections). The first step takes the locks, opens the data file by 
 deferq's algorithms on this inode, which only append after it, cut after it, or rename a
 new file over it), notes the file's identity and the lock file's ctime, reads the newest
 block and closes the file. Every later step reopens the file by path under the locks and
-checks, as S-10 checks the index, that it is the same file: same device and inode, not
+checks, as S-45 checks the index, that it is the same file: same device and inode, not
 shorter than the snapshot, the lock file's ctime unchanged (a compaction truncates the lock
 file twice, S-9), the snapshot's last bytes unchanged. The locks are never held while the
 caller works on what a step returned, so an add waits for a reader at most one step. A
