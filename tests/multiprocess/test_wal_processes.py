@@ -104,7 +104,7 @@ def test_live_workers_keep_their_own_files_and_only_a_dead_ones_is_adopted(
 
 
 @pytest.mark.slow
-@pytest.mark.spec("W-3", "W-4", "D-5", "D-12", "R-@F", "W-26")
+@pytest.mark.spec("W-3", "W-4", "D-5", "D-12", "R-@F", "W-26", "W-45")
 @pytest.mark.parametrize("fsync_frequency", [0, 1], ids=["written (f=0)", "stored (f=1, mapped)"])
 def test_torn_tail_of_worker_killed_mid_write_is_left_behind_and_later_records_survive(
         pool: WorkerPool, fsync_frequency: int) -> None:

@@ -294,7 +294,7 @@ def _rotation_fsync(tmp_path: Path, nth: int) -> int:
 
 @pytest.mark.slow
 @needs_strace
-@pytest.mark.spec("W-12", "W-10", "D-10")
+@pytest.mark.spec("W-12", "W-10", "D-10", "W-51")
 def test_failed_directory_fsync_at_rotation_fails_stop(tmp_path: Path) -> None:
     when = _rotation_fsync(tmp_path, 1)
     out, trace = _rotation_run(tmp_path / "a" / "storage", [f"fsync:error=EIO:when={when}"])
@@ -306,7 +306,7 @@ def test_failed_directory_fsync_at_rotation_fails_stop(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @needs_strace
-@pytest.mark.spec("W-12", "D-10")
+@pytest.mark.spec("W-12", "D-10", "W-51")
 def test_failed_directory_fsync_at_rotation_fails_stop_even_if_cleanup_fails(
         tmp_path: Path) -> None:
     when = _rotation_fsync(tmp_path, 1)
@@ -320,7 +320,7 @@ def test_failed_directory_fsync_at_rotation_fails_stop_even_if_cleanup_fails(
 
 @pytest.mark.slow
 @needs_strace
-@pytest.mark.spec("D-3", "W-10")
+@pytest.mark.spec("D-3", "W-10", "W-50")
 def test_failed_copy_fsync_at_rotation_keeps_the_old_file(tmp_path: Path) -> None:
     """The rotation gives up and keeps the old file; later removals stay removed."""
     when = _rotation_fsync(tmp_path, 2)
@@ -332,7 +332,7 @@ def test_failed_copy_fsync_at_rotation_keeps_the_old_file(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 @needs_strace
-@pytest.mark.spec("D-3", "W-10")
+@pytest.mark.spec("D-3", "W-10", "W-50")
 def test_failed_copy_fsync_at_rotation_never_resurrects_removed_tasks(tmp_path: Path) -> None:
     when = _rotation_fsync(tmp_path, 2)
     out, trace = _rotation_run(tmp_path / "d" / "storage",

@@ -181,7 +181,8 @@ def assert_same_outcome(files: list[tuple[bytes, list[int]]]) -> None:
     assert got.records == strict.records
 
 
-@pytest.mark.spec("W-16", "R-@A", "R-@B", "R-@C", "R-@D", "R-@F", "R-@I", "R-@J", "R-@K", "W-28")
+@pytest.mark.spec("W-16", "R-@A", "R-@B", "R-@C", "R-@D", "R-@F", "R-@I", "R-@J", "R-@K", "W-28",
+                  "W-53")
 @settings(max_examples=600, deadline=None)
 @given(st.lists(wal_file(), min_size=1, max_size=3))
 def test_the_fast_path_replays_any_files_exactly_like_the_strict_replay(
@@ -189,8 +190,8 @@ def test_the_fast_path_replays_any_files_exactly_like_the_strict_replay(
     assert_same_outcome(files)
 
 
-@pytest.mark.spec("W-16", "R-@A", "R-@B", "R-@C", "R-@D", "R-@I", "R-@J", "W-28",
-                  "F-5", "F-6", "F-7")
+@pytest.mark.spec("W-16", "R-@A", "R-@B", "R-@C", "R-@D", "R-@I", "R-@J", "W-28", "F-5", "F-6",
+                  "F-7", "W-53")
 @settings(max_examples=800, deadline=None)
 @given(st.lists(mostly_valid_file(), min_size=1, max_size=2))
 def test_whole_chunk_checks_accept_exactly_the_valid_chunks(
@@ -210,7 +211,7 @@ class CountingReplay(FastWalReplay):
         super()._apply_lines(lines, clean)
 
 
-@pytest.mark.spec("W-16")
+@pytest.mark.spec("W-16", "W-53")
 def test_valid_chunks_take_the_chunk_path_and_damaged_ones_leave_it() -> None:
     adds = [encode_add(f"1790000000-42-{i}", None if i % 3 else i + 1, b"c" * (i % 7))
             for i in range(300)]  # contexts of 0 to 6 bytes: every padding
@@ -226,7 +227,7 @@ def test_valid_chunks_take_the_chunk_path_and_damaged_ones_leave_it() -> None:
     assert_same_outcome([(damaged, [])])
 
 
-@pytest.mark.spec("W-16", "R-@D", "F-5", "F-6", "F-7")
+@pytest.mark.spec("W-16", "R-@D", "F-5", "F-6", "F-7", "W-53")
 @pytest.mark.parametrize("neighbour", ["ascii-2", "é-2"])  # a non-ASCII id changes the id checks
 @pytest.mark.parametrize("body", NEAR_MISS)
 def test_each_near_miss_inside_a_valid_chunk_is_damage_like_in_the_strict_replay(
@@ -243,7 +244,7 @@ def test_each_near_miss_inside_a_valid_chunk_is_damage_like_in_the_strict_replay
     assert replay.per_line == content.count(b"\n")  # the chunk path refused the whole chunk
 
 
-@pytest.mark.spec("W-16", "R-@E", "R-@F")
+@pytest.mark.spec("W-16", "R-@E", "R-@F", "W-53")
 @pytest.mark.parametrize("where", ["one chunk", "split", "torn tail", "after valid"])
 def test_over_long_lines_are_counted_like_the_strict_replay(where: str) -> None:
     long = b"x" * (LINE_BYTES_MAX + 5)
@@ -258,7 +259,7 @@ def test_over_long_lines_are_counted_like_the_strict_replay(where: str) -> None:
     assert_same_outcome([(content, cuts), (valid, [3])])
 
 
-@pytest.mark.spec("W-16", "F-5", "F-6")
+@pytest.mark.spec("W-16", "F-5", "F-6", "W-53")
 @settings(max_examples=400, deadline=None)
 @given(st.one_of(st.binary(max_size=24),
                  st.binary(max_size=18).map(lambda b: binascii.b2a_base64(b, newline=False)),

@@ -218,7 +218,7 @@ def test_queue_demo_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         assert disk.list_dead_tasks() == []
 
 
-@pytest.mark.spec("W-25")
+@pytest.mark.spec("W-25", "W-60")
 def test_file_sizes_shown_to_people_split_a_wal_files_records_from_its_reserved_space(
         tmp_path: Path) -> None:
     with Disk(path=tmp_path, fsync_frequency=0) as disk:

@@ -69,7 +69,7 @@ class ThreadEnv(TracingEnv):
         super().fsync(fd)
 
 
-@pytest.mark.spec("Q-20", "Q-23", "D-15", "W-21")
+@pytest.mark.spec("Q-20", "Q-23", "D-15", "W-21", "W-55", "W-56")
 def test_sixteen_concurrent_aenqueues_share_one_fsync_and_survive_a_power_loss() -> None:
     sim = SimDisk(0)
     env = ThreadEnv(sim.process())

@@ -32,7 +32,7 @@ def populate(storage: Path) -> str:
         return keep
 
 
-@pytest.mark.spec("Q-17", "W-25")
+@pytest.mark.spec("Q-17", "W-25", "W-60")
 def test_verify_of_clean_storage_exits_zero_and_changes_nothing(
         storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
     populate(storage)

@@ -50,7 +50,7 @@ _WORKER = textwrap.dedent("""
 
 
 @pytest.mark.slow
-@pytest.mark.spec("W-35", "W-3", "W-15", "W-28")
+@pytest.mark.spec("W-35", "W-3", "W-15", "W-28", "W-75", "W-76")
 def test_more_orphans_than_descriptors_are_adopted_in_batches(tmp_path: Path) -> None:
     storage = tmp_path / "storage"
     _write_orphans(storage, _ORPHANS)
@@ -66,7 +66,7 @@ def test_more_orphans_than_descriptors_are_adopted_in_batches(tmp_path: Path) ->
         assert len(disk.pending_tasks()) == _ORPHANS  # 1,099 adopted and the new one
 
 
-@pytest.mark.spec("W-35")
+@pytest.mark.spec("W-35", "W-76")
 def test_adoption_of_a_few_batches_in_process_matches_one_replay(tmp_path: Path) -> None:
     storage = tmp_path / "storage"
     count = 131  # two batches of ADOPT_FILES_MAX (64) and three files more

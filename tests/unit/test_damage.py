@@ -121,7 +121,7 @@ def test_garbage_between_records_is_skipped_and_every_record_survives(
     assert listed == ["c", "b", "a"] and damage >= 2
 
 
-@pytest.mark.spec("D-5", "R-@L", "F-46")
+@pytest.mark.spec("D-5", "R-@L", "F-46", "W-60", "W-61")
 def test_a_zero_filled_wal_file_replays_as_empty_and_is_replaced_by_an_empty_copy(
         storage: Path, caplog: pytest.LogCaptureFixture) -> None:
     # Zeros at the end of a WAL file are space reserved for records (W-25), whether the

@@ -222,7 +222,7 @@ def test_damaged_or_oversized_seeds_in_the_file_do_not_move_the_seed(storage: Pa
         assert disk.add_task(b"") == f"{int(WALL) + 1}-{PID}-1"
 
 
-@pytest.mark.spec("W-28")
+@pytest.mark.spec("W-28", "W-68")
 def test_two_disks_of_one_process_sharing_an_env_never_issue_the_same_id(
         storage: Path, tmp_path: Path) -> None:
     env = RecordingEnv(ManualClock(wall=WALL))
@@ -232,7 +232,7 @@ def test_two_disks_of_one_process_sharing_an_env_never_issue_the_same_id(
     assert len(set(issued)) == len(issued)
 
 
-@pytest.mark.spec("W-28", "W-9")
+@pytest.mark.spec("W-28", "W-9", "W-67")
 def test_ids_issued_before_a_rotation_are_not_repeated_after_a_restart_with_the_clock_back(
         storage: Path) -> None:
     clock = ManualClock(wall=WALL)
@@ -269,7 +269,7 @@ def test_a_new_wal_file_is_exclusive_locked_and_its_directory_fsynced_before_the
         assert env.index("write", wal) > durable
 
 
-@pytest.mark.spec("W-27")
+@pytest.mark.spec("W-27", "W-66")
 def test_a_second_disk_creates_its_own_file_while_the_first_is_open_and_adopts_after_close(
         storage: Path) -> None:
     first = open_disk(storage)
@@ -316,7 +316,7 @@ def only_fresh_copy(storage: Path, adopted: list[Path]) -> Path:
     return fresh
 
 
-@pytest.mark.spec("W-27", "W-3", "W-4", "W-28")
+@pytest.mark.spec("W-27", "W-3", "W-4", "W-28", "W-66")
 def test_orphans_are_copied_in_name_order_to_a_fresh_fsynced_file_and_only_then_unlinked(
         storage: Path) -> None:
     (first, first_ids), (other, other_ids) = make_orphans(storage, 2)
@@ -400,7 +400,7 @@ TORN_TAILS = {
 }
 
 
-@pytest.mark.spec("W-3", "W-4", "R-@F")
+@pytest.mark.spec("W-3", "W-4", "R-@F", "W-45")
 @pytest.mark.parametrize("tail", list(TORN_TAILS.values()), ids=list(TORN_TAILS))
 def test_a_torn_tail_is_left_behind_with_the_adopted_file_and_never_appended_to(
         storage: Path, tail: bytes, caplog: pytest.LogCaptureFixture) -> None:
@@ -483,7 +483,7 @@ def is_new_wal(adopted: list[Path]) -> Callable[[str | None], bool]:
     return lambda p: p is not None and is_wal_file_name(PREFIX, Path(p).name) and p not in names
 
 
-@pytest.mark.spec("W-4", "W-10")
+@pytest.mark.spec("W-4", "W-10", "W-46")
 @pytest.mark.parametrize("failing", ["write", "fsync"])
 def test_a_failed_copy_at_adoption_is_discarded_and_the_adopted_files_are_left_unchanged(
         storage: Path, failing: str) -> None:
@@ -504,7 +504,7 @@ def test_a_failed_copy_at_adoption_is_discarded_and_the_adopted_files_are_left_u
         assert ids(disk) == [task for _, tasks in orphans for task in tasks]
 
 
-@pytest.mark.spec("W-4", "W-12")
+@pytest.mark.spec("W-4", "W-12", "W-47")
 def test_a_failed_unlink_of_an_adopted_file_makes_open_fail_stop_and_keeps_the_tasks(
         storage: Path) -> None:
     orphans = make_orphans(storage, 2)
@@ -522,7 +522,7 @@ def test_a_failed_unlink_of_an_adopted_file_makes_open_fail_stop_and_keeps_the_t
 # ----------------------------------------------------------------------------- W-8 fsync policy
 
 
-@pytest.mark.spec("W-8")
+@pytest.mark.spec("W-48")
 def test_fsync_frequency_zero_fsyncs_every_add_and_remove_before_returning(
         storage: Path) -> None:
     env = RecordingEnv(ManualClock())
@@ -565,7 +565,7 @@ def test_positive_fsync_frequency_fsyncs_only_once_the_period_has_passed(storage
         assert env.ops(wal)[-1] == "write"
 
 
-@pytest.mark.spec("W-8", "C-9")
+@pytest.mark.spec("W-8", "C-9", "W-49")
 def test_sync_fsyncs_now_and_close_fsyncs_and_stops_the_timer(storage: Path) -> None:
     clock = ManualClock()
     env = RecordingEnv(clock)
@@ -622,7 +622,7 @@ def churn(disk: Disk, storage: Path, *, until_rotations: int,
     raise AssertionError(f"only {rotations} rotations in {max_cycles} cycles")
 
 
-@pytest.mark.spec("W-9", "W-10", "W-11", "W-28")
+@pytest.mark.spec("W-9", "W-10", "W-11", "W-28", "W-67")
 def test_rotation_copies_every_live_task_to_a_new_file_and_drops_the_old_one_in_order(
         storage: Path) -> None:
     clock = ManualClock()
@@ -677,7 +677,7 @@ def test_the_rotation_limit_grows_while_live_tasks_fill_two_thirds_of_it(storage
         assert ids(disk) == [f"big-{i}" for i in range(8)]
 
 
-@pytest.mark.spec("W-10")
+@pytest.mark.spec("W-10", "W-50")
 @pytest.mark.parametrize("op,error", [("write", errno.ENOSPC), ("fsync", errno.EIO)],
                          ids=["write ENOSPC", "fsync EIO"])
 def test_a_failed_rotation_keeps_the_old_file_and_is_retried_after_more_growth(
@@ -704,7 +704,7 @@ def test_a_failed_rotation_keeps_the_old_file_and_is_retried_after_more_growth(
         assert ids(disk) == ["keep"]
 
 
-@pytest.mark.spec("W-10", "W-12")
+@pytest.mark.spec("W-10", "W-12", "W-52")
 @pytest.mark.parametrize("op", ["unlink", "fsync_dir"])
 def test_a_failure_after_the_rotation_switch_breaks_the_wal_and_loses_no_task(
         storage: Path, op: str) -> None:
@@ -809,7 +809,7 @@ def test_a_failed_write_is_cut_back_and_the_wal_stays_usable(
 # ----------------------------------------------------------------------------- reserved space
 
 
-@pytest.mark.spec("W-25", "R-@L", "F-46")
+@pytest.mark.spec("W-25", "R-@L", "F-46", "W-58")
 def test_records_are_written_into_space_reserved_after_them_and_read_back_without_it(
         storage: Path, caplog: pytest.LogCaptureFixture) -> None:
     env = RecordingEnv()
@@ -835,7 +835,7 @@ def test_records_are_written_into_space_reserved_after_them_and_read_back_withou
     assert not wal.exists() and wal_lines_are_all_valid(only_wal(storage))
 
 
-@pytest.mark.spec("W-25")
+@pytest.mark.spec("W-25", "W-58")
 def test_a_record_longer_than_the_reserve_step_reserves_its_own_size(storage: Path) -> None:
     env = RecordingEnv()
     big = b"x" * (WAL_RESERVE_BYTES + 1000)
@@ -853,7 +853,7 @@ def test_a_record_longer_than_the_reserve_step_reserves_its_own_size(storage: Pa
         assert ids(disk) == ["big", "small"]
 
 
-@pytest.mark.spec("W-25")
+@pytest.mark.spec("W-25", "W-59")
 @pytest.mark.parametrize("error,asked_again", [
     (errno.ENOSPC, True), (errno.EIO, True), (errno.EOPNOTSUPP, False), (errno.EINVAL, False),
 ], ids=["ENOSPC", "EIO", "EOPNOTSUPP", "EINVAL"])
@@ -874,7 +874,7 @@ def test_a_failed_reservation_never_fails_the_write(
     assert corruption_warnings(caplog) == []
 
 
-@pytest.mark.spec("W-25")
+@pytest.mark.spec("W-25", "W-59")
 def test_without_posix_fallocate_the_wal_grows_as_it_writes(
         storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import deferq._engine.osenv  # noqa: PLC0415 - the module whose capability is taken away
@@ -1117,7 +1117,7 @@ def mapping_env() -> FaultyEnv:
     return FaultyEnv(ManualClock(wall=WALL), mapping=True)
 
 
-@pytest.mark.spec("W-26", "W-25")
+@pytest.mark.spec("W-26", "W-25", "W-63")
 def test_records_are_stored_into_the_mapped_space_and_a_write_after_them_seeks_to_their_end(
         storage: Path, caplog: pytest.LogCaptureFixture) -> None:
     env = mapping_env()
@@ -1144,7 +1144,7 @@ def test_records_are_stored_into_the_mapped_space_and_a_write_after_them_seeks_t
     assert corruption_warnings(caplog) == []
 
 
-@pytest.mark.spec("W-26", "W-8")
+@pytest.mark.spec("W-26", "W-8", "W-48")
 def test_a_wal_fsynced_after_every_record_writes_them_and_never_maps(storage: Path) -> None:
     env = FaultyEnv(mapping=True)
     with open_disk(storage, env, f=0) as disk:
@@ -1157,7 +1157,7 @@ def test_a_wal_fsynced_after_every_record_writes_them_and_never_maps(storage: Pa
         assert env.ops(wal) == ["allocate"] + ["write", "fsync"] * 6
 
 
-@pytest.mark.spec("W-26")
+@pytest.mark.spec("W-26", "W-64")
 def test_a_wal_that_cannot_map_writes_its_records_and_never_asks_again(storage: Path) -> None:
     env = mapping_env()
     env.inject("map", error=errno.ENOMEM)
@@ -1175,7 +1175,7 @@ def test_a_wal_that_cannot_map_writes_its_records_and_never_asks_again(storage: 
         assert ids(disk) == ["b"]
 
 
-@pytest.mark.spec("W-26", "W-13")
+@pytest.mark.spec("W-26", "W-13", "W-62")
 def test_a_failed_write_after_stores_is_cut_back_without_a_window_over_the_cut(
         storage: Path) -> None:
     env = mapping_env()
@@ -1196,7 +1196,7 @@ def test_a_failed_write_after_stores_is_cut_back_without_a_window_over_the_cut(
         assert ids(disk) == ["a", "c"]
 
 
-@pytest.mark.spec("W-26")
+@pytest.mark.spec("W-26", "W-65")
 def test_where_fsync_is_not_known_to_cover_stores_the_wal_writes_its_records(
         storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import deferq._engine.osenv  # noqa: PLC0415 - the module whose capability is taken away
@@ -1233,7 +1233,7 @@ def test_the_os_env_reports_a_window_past_the_end_of_the_file_as_an_oserror(
         env.close(fd)
 
 
-@pytest.mark.spec("W-26")
+@pytest.mark.spec("W-26", "W-65")
 def test_a_file_on_a_filesystem_not_known_to_allocate_in_place_is_never_mapped(
         storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import deferq._engine.osenv  # noqa: PLC0415 - the module whose capability is taken away
@@ -1250,7 +1250,7 @@ def test_a_file_on_a_filesystem_not_known_to_allocate_in_place_is_never_mapped(
         assert ids(disk) == ["a", "b"]
 
 
-@pytest.mark.spec("W-26")
+@pytest.mark.spec("W-26", "W-65")
 def test_the_filesystem_type_of_a_descriptor_matches_the_mount_its_path_is_on(
         tmp_path: Path) -> None:
     from deferq._engine.osenv import fs_type  # noqa: PLC0415

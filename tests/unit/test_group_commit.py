@@ -116,7 +116,7 @@ def _followers_waiting(disk: Disk, written: int) -> None:
 # ----------------------------------------------------------------------------- real OS
 
 
-@pytest.mark.spec("W-20", "W-21", "D-15", "D-1")
+@pytest.mark.spec("W-20", "W-21", "D-15", "D-1", "W-54")
 def test_every_acknowledged_add_is_covered_by_an_fsync_that_began_after_its_write(
         tmp_path: Path) -> None:
     env = StampingEnv(fsync_delay_s=0.002)
@@ -144,7 +144,7 @@ def test_every_acknowledged_add_is_covered_by_an_fsync_that_began_after_its_writ
     disk.close()
 
 
-@pytest.mark.spec("W-21")
+@pytest.mark.spec("W-21", "W-55", "W-56")
 def test_sixteen_threads_adding_with_f0_share_fsyncs(tmp_path: Path) -> None:
     env = StampingEnv(fsync_delay_s=0.002)
     disk = Disk(path=str(tmp_path / "s"), fsync_frequency=0, env=env)
@@ -353,3 +353,27 @@ def test_nil_has_the_group_commit_methods_as_no_ops() -> None:
     assert remove("a", sync=False) is None
     assert sync_through(0) is None
     assert nil.written_ticket() == 0
+
+
+@pytest.mark.spec("W-57", "W-8")
+def test_with_a_period_an_add_whose_fsync_is_due_does_not_wait_for_the_one_in_flight() -> None:
+    sim = SimDisk(3)
+    env = GateEnv(sim.process())
+    disk = Disk(path="/s", fsync_frequency=0.5, env=env)
+    disk.add_task(b"a", task_id="a")
+    added: list[str] = []
+    fsyncs_before: list[int] = []
+
+    def add_while_the_fsync_runs() -> None:  # this thread's own fsync is in flight
+        sim.advance(1.0)  # the period has passed: the add below finds its fsync due
+        fsyncs_before.append(len(env.fsync_threads))
+        added.append(disk.add_task(b"b", task_id="b"))  # would deadlock if it waited
+
+    env.before_fsync[threading.current_thread().name] = add_while_the_fsync_runs
+    disk.sync()
+    assert added == ["b"]
+    assert len(env.fsync_threads) == fsyncs_before[0]  # the add issued no fsync of its own
+    assert disk._wal.written_ticket() > disk._wal._durable  # "b" waits for a later fsync
+    disk.sync()
+    assert disk._wal._durable == disk._wal.written_ticket()
+    disk.close()

@@ -61,7 +61,7 @@ def test_a_caller_id_whose_seed_leaves_no_room_is_refused_naming_it(storage: Pat
         assert len(store.pending_tasks()) == 3
 
 
-@pytest.mark.spec("W-28")
+@pytest.mark.spec("W-69")
 def test_a_seed_pushed_past_64_bits_by_an_old_record_stops_generation_with_a_clear_error(
         storage: Path) -> None:
     # A file an earlier version could write: a caller's id at the largest seed there is.

@@ -19,14 +19,14 @@ from deferq.backends import Disk
 from tests.fsenv import ManualClock, RecordingEnv
 
 
-@pytest.mark.spec("W-28")
+@pytest.mark.spec("W-68")
 def test_two_default_disks_of_one_process_never_issue_the_same_id(storage: Path) -> None:
     with Disk(path=storage, fsync_frequency=0) as one, Disk(path=storage, fsync_frequency=0) as two:
         ids = [disk.add_task(b"") for _ in range(50) for disk in (one, two)]
     assert len(set(ids)) == len(ids)
 
 
-@pytest.mark.spec("W-28")
+@pytest.mark.spec("W-68")
 def test_disks_sharing_one_env_share_one_id_source(storage: Path) -> None:
     env = RecordingEnv(ManualClock())
     with Disk(path=storage, env=env, fsync_frequency=0) as one, \

@@ -90,7 +90,7 @@ def test_a_sweep_adopts_at_most_files_max_files_oldest_name_first(storage: Path)
         assert len(wal_files(storage)) == 1
 
 
-@pytest.mark.spec("W-30", "D-22")
+@pytest.mark.spec("W-30", "D-22", "W-70")
 def test_a_sweep_never_adopts_a_file_a_live_worker_holds(storage: Path) -> None:
     with open_disk(storage) as first, open_disk(storage) as second:
         first.add_task(b"1", task_id="one")
@@ -112,7 +112,7 @@ def test_a_task_already_pending_here_is_kept_and_not_returned_again(storage: Pat
         assert not gone.exists()
 
 
-@pytest.mark.spec("W-32", "D-21")
+@pytest.mark.spec("W-32", "D-21", "W-71")
 @pytest.mark.parametrize("f", [0, 3600])
 def test_the_adopted_tasks_are_fsynced_before_the_orphan_is_unlinked(storage: Path,
                                                                      f: float) -> None:
@@ -145,7 +145,7 @@ def test_a_failed_write_adopts_nothing_and_leaves_the_orphan_unchanged(storage: 
         assert ids(reopened) == ["mine", "a", "b"]
 
 
-@pytest.mark.spec("W-32", "W-12")
+@pytest.mark.spec("W-32", "W-12", "W-72")
 def test_a_failed_fsync_breaks_the_wal_and_leaves_the_orphan_for_the_next_worker(
         storage: Path) -> None:
     env = FaultyEnv()
@@ -214,7 +214,7 @@ def test_a_handoff_file_is_exactly_its_records_and_a_running_worker_adopts_it(
         assert not path.exists()
 
 
-@pytest.mark.spec("W-34")
+@pytest.mark.spec("W-34", "W-73")
 def test_a_handoff_whose_fsync_fails_leaves_no_file_and_raises(storage: Path) -> None:
     with open_disk(storage):
         pass
@@ -228,7 +228,7 @@ def test_a_handoff_whose_fsync_fails_leaves_no_file_and_raises(storage: Path) ->
     assert wal_files(storage) == before
 
 
-@pytest.mark.spec("W-34", "W-28")
+@pytest.mark.spec("W-34", "W-28", "W-74")
 def test_a_handoff_generates_ids_above_every_seed_in_the_directory(storage: Path) -> None:
     # A live worker's file (and a closed one's) hold seeds far above the clock, under this
     # pid: a hand-off whose own id source (a fresh Env) ignored them could reissue their ids.
