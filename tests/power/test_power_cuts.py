@@ -146,7 +146,7 @@ def _run_broken_variant(script: str, *, cycles: int) -> tuple[str, dict[str, str
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.spec("D-13", "Q-8")
+@pytest.mark.spec("D-13", "Q-8", "Q-141")
 def test_the_harness_catches_a_queue_that_removes_before_the_dead_write_returned() -> None:
     """The queue checks are not vacuous: a dead-letter write that returns before it is done
     lets the queue remove a given-up task from its WAL too early (D-13)."""

@@ -70,7 +70,7 @@ def test_a_give_up_in_order_is_accepted_and_accounted_for() -> None:
     assert ledger.stats.accounted == 2 and ledger.stats.removals_judged == 2
 
 
-@pytest.mark.spec("D-13", "Q-8")
+@pytest.mark.spec("D-13", "Q-8", "Q-141")
 def test_a_removal_before_the_dead_write_returned_is_a_violation() -> None:
     ledger = QueueLedger(["q0"])
     feed(ledger, enqueue(1, "T1", "X") + [run("T1", "X", GIVE_UP, "fail"), dead(2, "X"),
@@ -154,7 +154,7 @@ def test_a_non_durable_enqueue_counts_once_a_group_commit_covering_it_returned()
     assert ledger.durable_tokens == {"T1"}
 
 
-@pytest.mark.spec("Q-22", "D-2")
+@pytest.mark.spec("Q-22", "D-2", "Q-148")
 def test_a_group_commit_makes_durable_only_the_writes_it_names() -> None:
     ledger = Ledger()
     for seq, task_id in ((1, "a"), (2, "b")):

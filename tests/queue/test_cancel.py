@@ -109,7 +109,7 @@ def test_cancel_a_delayed_task(caplog: pytest.LogCaptureFixture) -> None:
                for r in caplog.records)
 
 
-@pytest.mark.spec("Q-40", "Q-37")
+@pytest.mark.spec("Q-40", "Q-37", "Q-160")
 def test_cancel_a_task_waiting_for_a_slot() -> None:
     async def main() -> None:
         queue, _, backend = await _queue(max_concurrency=1)

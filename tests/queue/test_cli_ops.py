@@ -195,7 +195,7 @@ def test_operator_retry_removes_nothing_when_the_wal_sync_fails() -> None:
     assert [m for m, _ in backend.calls] == ["find_dead_task", "add_task", "sync"]
 
 
-@pytest.mark.spec("Q-33")
+@pytest.mark.spec("Q-33", "Q-158")
 def test_operator_retry_keeps_an_undecodable_context_as_is() -> None:
     backend = RecordingBackend()
     backend.add_dead_task("7-1-1", b"raw", RuntimeError("x"), task_class="t", attempts=5)
@@ -232,7 +232,7 @@ def test_file_sizes_shown_to_people_split_a_wal_files_records_from_its_reserved_
     assert file_size_text(str(lock)) == "      0 bytes"
 
 
-@pytest.mark.spec("Q-33")
+@pytest.mark.spec("Q-33", "Q-158", "Q-159")
 def test_retry_resets_attempts_by_rewriting_the_field_and_builds_nothing() -> None:
     import uuid
 

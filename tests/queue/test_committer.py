@@ -11,7 +11,7 @@ import pytest
 from deferq._runtime.committer import Committer
 
 
-@pytest.mark.spec("Q-20", "Q-23")
+@pytest.mark.spec("Q-20", "Q-23", "Q-145")
 def test_calls_run_in_order_on_one_thread_that_is_not_the_loops() -> None:
     ran: list[tuple[int, str]] = []
 

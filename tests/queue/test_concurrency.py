@@ -68,7 +68,7 @@ def _disk(tmp_path: Path) -> Disk:
     return Disk(path=str(tmp_path / "store"))
 
 
-@pytest.mark.spec("Q-37")
+@pytest.mark.spec("Q-37", "Q-160")
 def test_five_thousand_async_tasks_run_at_most_the_default_hundred_at_once(
         tmp_path: Path) -> None:
     async def main() -> None:
@@ -93,7 +93,7 @@ def test_five_thousand_async_tasks_run_at_most_the_default_hundred_at_once(
     run(main())
 
 
-@pytest.mark.spec("Q-37", "Q-9")
+@pytest.mark.spec("Q-37", "Q-9", "Q-160")
 def test_a_replay_at_start_does_not_flood_the_loop(tmp_path: Path) -> None:
     async def main() -> None:
         Gate.release = asyncio.Event()
@@ -117,7 +117,7 @@ def test_a_replay_at_start_does_not_flood_the_loop(tmp_path: Path) -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-37", "Q-15")
+@pytest.mark.spec("Q-37", "Q-15", "Q-162")
 def test_stop_leaves_the_tasks_waiting_for_a_slot_in_the_wal(tmp_path: Path) -> None:
     async def main() -> None:
         Gate.release = asyncio.Event()
@@ -139,7 +139,7 @@ def test_stop_leaves_the_tasks_waiting_for_a_slot_in_the_wal(tmp_path: Path) -> 
     run(main())
 
 
-@pytest.mark.spec("Q-37")
+@pytest.mark.spec("Q-37", "Q-162")
 def test_wait_idle_waits_for_the_tasks_waiting_for_a_slot(tmp_path: Path) -> None:
     async def main() -> None:
         Gate.release = asyncio.Event()
@@ -159,7 +159,7 @@ def test_wait_idle_waits_for_the_tasks_waiting_for_a_slot(tmp_path: Path) -> Non
     run(main())
 
 
-@pytest.mark.spec("Q-37", "Q-11")
+@pytest.mark.spec("Q-37", "Q-11", "Q-161")
 def test_tasks_waiting_for_a_slot_count_in_the_backlog_for_backpressure(tmp_path: Path) -> None:
     async def main() -> None:
         Gate.release = asyncio.Event()
@@ -183,7 +183,7 @@ def test_tasks_waiting_for_a_slot_count_in_the_backlog_for_backpressure(tmp_path
     run(main())
 
 
-@pytest.mark.spec("Q-37", "Q-11")
+@pytest.mark.spec("Q-37", "Q-11", "Q-163")
 def test_a_retry_waiting_for_backpressure_gives_its_slot_back(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:

@@ -69,7 +69,7 @@ class ThreadEnv(TracingEnv):
         super().fsync(fd)
 
 
-@pytest.mark.spec("Q-20", "Q-23", "D-15", "W-21", "W-55", "W-56")
+@pytest.mark.spec("Q-20", "Q-23", "D-15", "W-21", "W-55", "W-56", "Q-145")
 def test_sixteen_concurrent_aenqueues_share_one_fsync_and_survive_a_power_loss() -> None:
     sim = SimDisk(0)
     env = ThreadEnv(sim.process())
@@ -95,7 +95,7 @@ def test_sixteen_concurrent_aenqueues_share_one_fsync_and_survive_a_power_loss()
     disk.close()
 
 
-@pytest.mark.spec("Q-22", "Q-23")
+@pytest.mark.spec("Q-22", "Q-23", "Q-148")
 def test_completions_are_covered_by_a_background_group_commit_off_the_loop() -> None:
     sim = SimDisk(0)
     env = ThreadEnv(sim.process())
@@ -141,7 +141,7 @@ def test_the_synchronous_enqueue_on_a_power_safe_disk_still_fsyncs_inline() -> N
     disk.close()
 
 
-@pytest.mark.spec("Q-20", "D-16", "W-22")
+@pytest.mark.spec("Q-20", "D-16", "W-22", "Q-146")
 def test_a_failed_group_commit_fails_every_waiting_aenqueue() -> None:
     sim = SimDisk(0)
     disk = Disk(path="/s", fsync_frequency=0, env=sim.process())
@@ -165,7 +165,7 @@ def test_a_failed_group_commit_fails_every_waiting_aenqueue() -> None:
     disk.close()
 
 
-@pytest.mark.spec("Q-22", "Q-23", "D-13", "Q-8")
+@pytest.mark.spec("Q-22", "Q-23", "D-13", "Q-8", "Q-148")
 def test_retries_and_give_ups_are_written_unsynced_and_made_durable_in_the_background() -> None:
     sim = SimDisk(0)
     env = ThreadEnv(sim.process())
@@ -192,4 +192,48 @@ def test_retries_and_give_ups_are_written_unsynced_and_made_durable_in_the_backg
         return flaky, doomed
 
     run(main())
+    disk.close()
+
+
+@pytest.mark.spec("Q-147")
+def test_an_aenqueue_before_start_is_durable_when_it_returns() -> None:
+    sim = SimDisk(0)
+    disk = Disk(path="/s", fsync_frequency=0, env=sim.process())
+
+    async def main() -> str:
+        queue = deferq.Queue(disk, registry=REG, clock=DrivenClock(), rng=random.Random(1))
+        return await queue.aenqueue(Quick, 1)  # no committer yet: fsynced inline
+
+    task_id = run(main())
+    assert recovered_after_power_loss(sim) == [task_id]
+    disk.close()
+
+
+@pytest.mark.spec("Q-149", "W-22")
+def test_a_failed_background_commit_is_logged_and_the_next_enqueue_and_stop_raise(
+        caplog: pytest.LogCaptureFixture) -> None:
+    sim = SimDisk(0)
+    disk = Disk(path="/s", fsync_frequency=0, env=sim.process())
+    DONE.clear()
+
+    async def main() -> None:
+        queue = deferq.Queue(disk, registry=REG, clock=DrivenClock(), rng=random.Random(1))
+        await queue.start()
+        task_id = await queue.aenqueue(Quick, 1)  # durable before the fault
+        sim.inject(FaultRule(op="fsync", fault=FsyncEio(), path="/s/deferred-0-*"))
+        await queue.wait_idle()  # the success's removal: written unsynced, then the commit fails
+        flusher = queue._journal._flusher
+        if flusher is not None:
+            await asyncio.gather(flusher, return_exceptions=True)
+        assert DONE == [task_id]
+        assert disk._wal.broken
+        with pytest.raises(StorageBrokenError):
+            await queue.aenqueue(Quick, 2)
+        with pytest.raises(StorageBrokenError):
+            await queue.stop()
+
+    with caplog.at_level("ERROR", logger="deferq"):
+        run(main())
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any(m.startswith("group commit of the tasks WAL failed") for m in errors), errors
     disk.close()

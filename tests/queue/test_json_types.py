@@ -84,7 +84,7 @@ def _round_trip(codec: ContextCodec, *args: object, **kwargs: object) -> Context
     return codec.decode(codec.encode(Context("t", args, kwargs, 2)))
 
 
-@pytest.mark.spec("Q-30")
+@pytest.mark.spec("Q-30", "Q-150")
 @pytest.mark.parametrize("value", EDGE_VALUES, ids=lambda v: type(v).__name__)
 def test_each_type_comes_back_exactly(value: object) -> None:
     got = _round_trip(CODEC, value, key=value)
@@ -104,20 +104,20 @@ _VALUES = st.recursive(_LEAVES, lambda inner: st.one_of(
     max_leaves=10)
 
 
-@pytest.mark.spec("Q-30")
+@pytest.mark.spec("Q-30", "Q-150")
 @given(_VALUES)
 def test_any_nest_of_these_types_comes_back_exactly(value: object) -> None:
     assert _same(_round_trip(CODEC, value).args[0], value)
 
 
-@pytest.mark.spec("Q-30")
+@pytest.mark.spec("Q-30", "Q-151")
 def test_plain_arguments_keep_version_1_and_the_default_codecs_bytes() -> None:
     context = Context("t", (1, "x", [None, 2.5], {"a": True}), {"k": "v"}, 0)
     assert CODEC.encode(context) == encode_context(context)
     assert json.loads(CODEC.encode(Context("t", (uuid.uuid4(),), {}, 0)))["v"] == 2
 
 
-@pytest.mark.spec("Q-30")
+@pytest.mark.spec("Q-30", "Q-152")
 @pytest.mark.parametrize(("value", "says"), [
     (datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc).astimezone(
         datetime.timezone.utc).replace(tzinfo=type("Odd", (datetime.tzinfo,), {
@@ -134,7 +134,7 @@ def test_what_cannot_come_back_exactly_is_refused_at_enqueue(value: object, says
         CODEC.encode(Context("t", (value,), {}, 0))
 
 
-@pytest.mark.spec("Q-30")
+@pytest.mark.spec("Q-30", "Q-153", "Q-154")
 @pytest.mark.parametrize("record", [
     {"v": 2, "task": "t", "args": [{"$deferq": "model", "model": "os.system", "value": "rm"}],
      "kwargs": {}, "attempts": 0},
@@ -154,7 +154,7 @@ def test_a_tag_that_does_not_decode_is_a_context_error(record: dict[str, object]
         CODEC.decode(json.dumps(record).encode())
 
 
-@pytest.mark.spec("Q-30")
+@pytest.mark.spec("Q-30", "Q-153")
 def test_a_version_2_record_read_without_json_types_names_the_option() -> None:
     data = CODEC.encode(Context("t", (uuid.uuid4(),), {}, 0))
     with pytest.raises(ContextError, match="json_types"):

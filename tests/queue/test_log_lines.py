@@ -33,7 +33,7 @@ class Later(deferq.Task, name="logs.Later", registry=REGISTRY):
     def perform(self) -> None: ...
 
 
-@pytest.mark.spec("Q-32")
+@pytest.mark.spec("Q-32", "Q-155", "Q-156", "Q-157")
 def test_each_attempt_a_give_up_and_a_start_are_one_greppable_line(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "s"

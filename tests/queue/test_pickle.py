@@ -144,7 +144,7 @@ class _Planted:
         return (open, (self.marker, "w"))
 
 
-@pytest.mark.spec("Q-34", "Q-33")
+@pytest.mark.spec("Q-34", "Q-33", "Q-158", "Q-159")
 def test_cli_retry_moves_a_pickled_context_unchanged_and_never_unpickles_it(
         tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     import pickle

@@ -76,7 +76,7 @@ def test_worker_killed_mid_task_replays_it_on_restart(storage: Path) -> None:
         assert disk.pending_tasks() == []
 
 
-@pytest.mark.spec("D-13", "Q-8", "Q-9")
+@pytest.mark.spec("D-13", "Q-8", "Q-9", "Q-141")
 def test_crash_between_dead_write_and_wal_removal_keeps_the_task_in_both(storage: Path) -> None:
     child = spawn(storage, "crash-after-dead")
     try:
@@ -194,7 +194,7 @@ def test_loop_keeps_ticking_while_give_up_waits_for_the_dead_task_lock(storage: 
         disk.close()
 
 
-@pytest.mark.spec("Q-8", "Q-10")
+@pytest.mark.spec("Q-8", "Q-10", "Q-142")
 def test_lock_timeout_keeps_task_in_wal_and_loop_running(storage: Path) -> None:
     largest, _, disk = asyncio.run(_heartbeat_while_locked(storage, 2.0))
     try:

@@ -118,7 +118,7 @@ def test_enqueue_persists_before_returning_and_success_removes() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-7")
+@pytest.mark.spec("Q-7", "Q-138")
 def test_async_perform_and_decorated_functions() -> None:
     seen: list[object] = []
 
@@ -138,7 +138,7 @@ def test_async_perform_and_decorated_functions() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-7")
+@pytest.mark.spec("Q-7", "Q-137")
 @pytest.mark.parametrize("delay, delay_until, publish_at", [
     (None, None, None),
     (10, None, int(START) + 10),
@@ -200,7 +200,7 @@ def test_enqueue_rejects_what_the_registry_does_not_resolve() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-7")
+@pytest.mark.spec("Q-7", "Q-138")
 def test_enqueue_from_another_thread_runs_on_the_loop() -> None:
     async def main() -> None:
         backend, clock = RecordingBackend(), DrivenClock()
@@ -217,7 +217,7 @@ def test_enqueue_from_another_thread_runs_on_the_loop() -> None:
 
 
 # ------------------------------------------------------------------ retries and give-up
-@pytest.mark.spec("Q-3", "Q-8", "D-13")
+@pytest.mark.spec("Q-3", "Q-8", "D-13", "Q-141")
 def test_default_task_runs_21_times_then_dead_letters_before_wal_removal() -> None:
     async def main() -> None:
         backend, clock = RecordingBackend(), DrivenClock(auto=True)
@@ -237,7 +237,7 @@ def test_default_task_runs_21_times_then_dead_letters_before_wal_removal() -> No
     run(main())
 
 
-@pytest.mark.spec("Q-3", "Q-8")
+@pytest.mark.spec("Q-3", "Q-8", "Q-140")
 def test_retry_readds_same_id_with_attempts_and_backoff_delay() -> None:
     async def main() -> None:
         backend, clock = RecordingBackend(), DrivenClock()
@@ -261,7 +261,7 @@ def test_retry_readds_same_id_with_attempts_and_backoff_delay() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-3", "Q-8")
+@pytest.mark.spec("Q-3", "Q-8", "Q-135", "Q-140")
 @pytest.mark.parametrize("interval", [0, -5, 0.5])
 def test_non_positive_retry_interval_retries_at_once(interval: object) -> None:
     Immediate.interval = interval
@@ -280,7 +280,7 @@ def test_non_positive_retry_interval_retries_at_once(interval: object) -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-3", "Q-8", "D-13")
+@pytest.mark.spec("Q-3", "Q-8", "D-13", "Q-135")
 def test_retry_interval_none_gives_up_after_one_attempt() -> None:
     async def main() -> None:
         backend, clock = RecordingBackend(), DrivenClock()
@@ -294,7 +294,7 @@ def test_retry_interval_none_gives_up_after_one_attempt() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-8", "D-13")
+@pytest.mark.spec("Q-8", "D-13", "Q-142")
 def test_failed_dead_write_keeps_the_task_in_the_wal(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
         backend, clock = RecordingBackend(), DrivenClock()
@@ -401,7 +401,7 @@ def test_unloadable_task_stays_in_wal_when_dead_write_fails() -> None:
 
 
 # ------------------------------------------------------------------ backpressure
-@pytest.mark.spec("Q-11")
+@pytest.mark.spec("Q-11", "Q-143", "Q-144")
 def test_sync_enqueue_above_high_water_mark_raises_before_persisting() -> None:
     async def main() -> None:
         backend, clock = RecordingBackend(), DrivenClock()
@@ -420,7 +420,7 @@ def test_sync_enqueue_above_high_water_mark_raises_before_persisting() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-11")
+@pytest.mark.spec("Q-11", "Q-144")
 def test_aenqueue_times_out_after_timeout_iterations_without_persisting() -> None:
     async def main() -> None:
         backend, clock = RecordingBackend(), DrivenClock(auto=True)
@@ -536,7 +536,7 @@ def test_nil_backend_runs_tasks_without_storing() -> None:
 
 
 # ------------------------------------------------------------------ operator API on the queue
-@pytest.mark.spec("Q-33")
+@pytest.mark.spec("Q-33", "Q-158")
 def test_queue_retry_dead_tasks_adds_and_syncs_before_removing_with_new_ids() -> None:
     async def main() -> None:
         backend, clock = RecordingBackend(), DrivenClock()
@@ -591,7 +591,7 @@ class FloodsThenFails(deferq.Task, name="q.FloodsThenFails", registry=REG, inlin
         raise Boom("retry me")
 
 
-@pytest.mark.spec("Q-11")
+@pytest.mark.spec("Q-11", "Q-144")
 def test_retry_hitting_push_timeout_stays_in_the_wal_as_last_persisted(
         caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
@@ -612,7 +612,7 @@ def test_retry_hitting_push_timeout_stays_in_the_wal_as_last_persisted(
     assert "retry not scheduled" in caplog.text and "stays in the WAL" in caplog.text
 
 
-@pytest.mark.spec("Q-7", "Q-9")
+@pytest.mark.spec("Q-7", "Q-9", "Q-139")
 def test_enqueue_before_start_only_persists_and_start_runs_it() -> None:
     async def main() -> None:
         backend, clock = RecordingBackend(), DrivenClock()
@@ -659,7 +659,7 @@ class ReturnsAwaitable(deferq.Task, name="q.ReturnsAwaitable", registry=REG, inl
         return rest()
 
 
-@pytest.mark.spec("Q-7")
+@pytest.mark.spec("Q-7", "Q-138")
 def test_inline_plain_perform_runs_as_a_loop_callback_and_async_perform_in_its_own_task() -> None:
     async def main() -> None:
         backend = RecordingBackend()

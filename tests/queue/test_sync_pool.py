@@ -143,7 +143,7 @@ def test_an_inline_task_runs_on_the_loops_thread(tmp_path: Path) -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-38", "Q-8")
+@pytest.mark.spec("Q-38", "Q-8", "Q-140")
 def test_a_plain_perform_failing_in_the_pool_goes_through_the_retry_policy() -> None:
     async def main() -> None:
         from deferq.testing import Memory

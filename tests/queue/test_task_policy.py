@@ -98,7 +98,7 @@ class Scripted(deferq.Task, registry=LOCAL):
         return self.answer
 
 
-@pytest.mark.spec("Q-3")
+@pytest.mark.spec("Q-3", "Q-135")
 @pytest.mark.parametrize("answer, expected", [(0, 0), (-5, -5), (2.5, 2.5), (7, 7),
                                               (None, None), (False, None)])
 def test_retry_interval_values(answer: object, expected: object) -> None:
@@ -107,7 +107,7 @@ def test_retry_interval_values(answer: object, expected: object) -> None:
     assert next_retry_in(task, RuntimeError(), 1) == expected
 
 
-@pytest.mark.spec("Q-3")
+@pytest.mark.spec("Q-3", "Q-136")
 @pytest.mark.parametrize("answer", ["10", [1], True, float("nan")])
 def test_retry_interval_non_number_warns_and_uses_default(
         answer: object, caplog: pytest.LogCaptureFixture) -> None:
