@@ -92,7 +92,7 @@ def test_a_queue_runs_retries_and_dead_letters_on_postgres(pg: PgSchema) -> None
     asyncio.run(scenario())
 
 
-@pytest.mark.spec("Q-75", "P-21", "P-22")
+@pytest.mark.spec("Q-75", "P-21", "P-22", "Q-207")
 def test_two_queues_on_one_database_run_each_task_once(pg: PgSchema) -> None:
     keys = [f"k{i}" for i in range(120)]
 
@@ -180,7 +180,7 @@ def test_a_failing_claim_is_logged_and_the_queue_goes_on(
 
 
 @pytest.mark.slow
-@pytest.mark.spec("Q-76", "P-25")
+@pytest.mark.spec("Q-76", "P-25", "Q-208")
 def test_the_heartbeat_keeps_a_long_task_held(pg: PgSchema) -> None:
     async def scenario() -> None:
         with backend(pg, lease_seconds=1) as db, backend(pg) as other:

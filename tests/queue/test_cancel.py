@@ -91,7 +91,7 @@ def _ids(backend: Memory) -> set[str]:
     return {p.task_id for p in backend.pending_tasks()}
 
 
-@pytest.mark.spec("Q-40", "Q-36")
+@pytest.mark.spec("Q-40", "Q-36", "Q-169")
 def test_cancel_a_delayed_task(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
         queue, clock, backend = await _queue()
@@ -128,7 +128,7 @@ def test_cancel_a_task_waiting_for_a_slot() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-40")
+@pytest.mark.spec("Q-40", "Q-169")
 def test_cancel_a_running_async_task_is_not_retried_nor_dead_lettered() -> None:
     async def main() -> None:
         queue, _, backend = await _queue()
@@ -164,7 +164,7 @@ def test_cancel_before_the_first_step_means_it_never_runs() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-40", "Q-38")
+@pytest.mark.spec("Q-40", "Q-38", "Q-169")
 def test_cancel_a_plain_perform_in_the_pool_ignores_what_its_thread_does_later(
         tmp_path: Path) -> None:
     async def main() -> None:
@@ -212,7 +212,7 @@ def test_cancel_waits_at_most_the_grace_for_a_task_that_swallows_it() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-40")
+@pytest.mark.spec("Q-113")
 def test_an_id_the_queue_does_not_hold_is_false_and_changes_nothing() -> None:
     async def main() -> None:
         clock = ManualClock()

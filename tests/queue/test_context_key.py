@@ -34,7 +34,7 @@ def test_a_key_is_the_last_field_and_a_record_without_one_is_unchanged() -> None
     assert reset == data
 
 
-@pytest.mark.spec("Q-53")
+@pytest.mark.spec("Q-53", "Q-191")
 def test_the_key_survives_the_tagged_and_the_pickle_codecs() -> None:
     tagged = ContextCodec(json_types=JsonTypes())
     value = Context("t", (uuid.UUID(int=5), datetime.date(2026, 1, 2)), {}, 2, "k-1")
@@ -47,7 +47,7 @@ def test_the_key_survives_the_tagged_and_the_pickle_codecs() -> None:
         assert sealed.decode(sealed.encode(record)) == record
 
 
-@pytest.mark.spec("Q-53")
+@pytest.mark.spec("Q-53", "Q-192")
 @pytest.mark.parametrize("key", [1, "", None, ["k"]])
 def test_a_key_that_is_not_a_non_empty_string_is_refused(key: object) -> None:
     record = {"v": 1, "task": "t", "args": [], "kwargs": {}, "attempts": 0, "key": key}

@@ -61,7 +61,7 @@ def test_a_task_keyword_named_delay_reaches_the_task() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-50", "Q-51")
+@pytest.mark.spec("Q-50", "Q-51", "Q-114")
 def test_options_set_the_publish_time_from_seconds_timedelta_or_aware_datetime() -> None:
     async def main() -> None:
         SEEN.clear()

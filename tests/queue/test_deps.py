@@ -74,7 +74,7 @@ def test_each_queue_gives_its_own_deps_to_class_and_function_tasks() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-57")
+@pytest.mark.spec("Q-57", "Q-196", "Q-198")
 def test_deps_are_never_stored_and_a_wrong_type_is_a_failed_execution() -> None:
     async def main() -> None:
         backend = RecordingBackend()
@@ -96,7 +96,7 @@ def test_deps_are_never_stored_and_a_wrong_type_is_a_failed_execution() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-57")
+@pytest.mark.spec("Q-57", "Q-197")
 def test_a_function_task_sees_the_deps_in_the_thread_that_runs_it() -> None:
     deps = AppDeps("threaded")
     instance = plain.task_class()
@@ -107,7 +107,7 @@ def test_a_function_task_sees_the_deps_in_the_thread_that_runs_it() -> None:
     assert deps.sent == ["plain:z"]
 
 
-@pytest.mark.spec("Q-57")
+@pytest.mark.spec("Q-57", "Q-197")
 def test_task_deps_outside_an_execution_is_a_clear_error() -> None:
     with pytest.raises(deferq.DepsTypeError, match="only available while a @deferq.task"):
         deferq.task_deps(AppDeps)

@@ -32,7 +32,7 @@ async def flaky(order: int) -> None:
     raise RuntimeError(f"order {order} failed")
 
 
-@pytest.mark.spec("Q-65", "F-51")
+@pytest.mark.spec("F-51", "Q-200")
 def test_a_dead_task_keeps_the_time_it_was_first_enqueued_across_retries() -> None:
     async def main_() -> deferq.DeadTask:
         clock = ManualClock(T0)
@@ -54,7 +54,7 @@ def test_a_dead_task_keeps_the_time_it_was_first_enqueued_across_retries() -> No
     assert decode_context(dead.context).enqueued_at == T0
 
 
-@pytest.mark.spec("Q-65", "F-51")
+@pytest.mark.spec("Q-65", "F-51", "Q-200")
 def test_the_enqueue_time_survives_a_restart_and_an_operators_retry(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     storage = tmp_path / "storage"
@@ -87,7 +87,7 @@ def test_the_enqueue_time_survives_a_restart_and_an_operators_retry(
     assert again.id != first_id and again.enqueued_at == T0 and again.attempts == 3
 
 
-@pytest.mark.spec("Q-65")
+@pytest.mark.spec("Q-65", "Q-201")
 def test_the_record_carries_the_time_after_attempts_and_older_records_still_decode() -> None:
     record = Context("t", (1,), {}, 2, None, T0)
     data = encode_context(record)
@@ -109,7 +109,7 @@ def test_the_record_carries_the_time_after_attempts_and_older_records_still_deco
         assert sealed.decode(sealed.encode(value)) == value
 
 
-@pytest.mark.spec("Q-65")
+@pytest.mark.spec("Q-201")
 @pytest.mark.parametrize("value", [-1, True, 1.5, "1", None, INT_FIELD_MAX + 1])
 def test_a_record_with_a_bad_enqueue_time_is_refused_naming_the_field(value: object) -> None:
     data = json.dumps({"v": 1, "task": "t", "args": [], "kwargs": {}, "attempts": 0,

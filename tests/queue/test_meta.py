@@ -39,7 +39,7 @@ def enqueue_with_meta(queue: deferq.Queue, meta: object) -> str:
     return queue.defer(fails.options(meta=meta), 1)  # type: ignore[arg-type]
 
 
-@pytest.mark.spec("Q-66", "Q-67")
+@pytest.mark.spec("Q-67", "Q-203")
 def test_metadata_survives_a_restart_retries_and_an_operators_retry(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     storage = tmp_path / "storage"
@@ -100,7 +100,7 @@ def test_bad_metadata_is_refused_at_enqueue_naming_the_problem(meta: object,
     run(main_())
 
 
-@pytest.mark.spec("Q-66")
+@pytest.mark.spec("Q-66", "Q-202")
 def test_metadata_at_its_limits_is_stored_and_empty_metadata_stores_nothing() -> None:
     async def main_() -> None:
         backend = Memory()
@@ -116,7 +116,7 @@ def test_metadata_at_its_limits_is_stored_and_empty_metadata_stores_nothing() ->
     run(main_())
 
 
-@pytest.mark.spec("Q-66")
+@pytest.mark.spec("Q-202")
 def test_the_record_carries_metadata_last_and_records_without_it_keep_their_bytes() -> None:
     record = Context("t", (1,), {}, 2, None, T0, {"a": "b"})
     data = encode_context(record)
@@ -133,7 +133,7 @@ def test_the_record_carries_metadata_last_and_records_without_it_keep_their_byte
         assert sealed.decode(sealed.encode(value)) == value
 
 
-@pytest.mark.spec("Q-66")
+@pytest.mark.spec("Q-204")
 @pytest.mark.parametrize("meta", [[], {"a": 1}, {"": "b"}, "x", None])
 def test_a_record_with_bad_metadata_is_refused_naming_the_field(meta: object) -> None:
     data = json.dumps({"v": 1, "task": "t", "args": [], "kwargs": {}, "attempts": 0,
@@ -142,7 +142,7 @@ def test_a_record_with_bad_metadata_is_refused_naming_the_field(meta: object) ->
         decode_context(data)
 
 
-@pytest.mark.spec("Q-66")
+@pytest.mark.spec("Q-205")
 @pytest.mark.parametrize(("context", "meta"), [
     (b'{"v":1,"task":"t","args":[],"kwargs":{},"attempts":0,"meta":{"a":"b"}}', {"a": "b"}),
     (b'{"v":1,"task":"t","args":[],"kwargs":{},"attempts":0}', {}),

@@ -202,7 +202,7 @@ class FailingRecords(ScheduleStore):
         raise OSError(5, "simulated crash before the record's rename")
 
 
-@pytest.mark.spec("D-28", "Q-130", "D-30")
+@pytest.mark.spec("D-28", "Q-130", "D-30", "Q-209")
 def test_a_crash_before_the_record_fires_again_and_the_key_absorbs_a_pending_repeat(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     RAN.clear()

@@ -677,7 +677,7 @@ def test_inline_plain_perform_runs_as_a_loop_callback_and_async_perform_in_its_o
     run(main())
 
 
-@pytest.mark.spec("Q-7", "Q-8")
+@pytest.mark.spec("Q-7", "Q-8", "Q-165")
 @pytest.mark.parametrize("fail", [False, True])
 def test_a_plain_perform_returning_an_awaitable_is_awaited_before_its_transition(fail: bool) -> None:
     async def main() -> None:
@@ -738,7 +738,7 @@ class SeesContext(deferq.Task, name="q.SeesContext", registry=REG, inline=True):
         REQUEST.set(f"changed by {n}")  # must not leak into the next execution
 
 
-@pytest.mark.spec("Q-7")
+@pytest.mark.spec("Q-7", "Q-164")
 def test_a_plain_perform_runs_in_a_copy_of_the_context_it_was_enqueued_in() -> None:
     async def main() -> None:
         backend = RecordingBackend()

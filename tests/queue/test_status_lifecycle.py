@@ -54,7 +54,7 @@ def quick() -> None: ...
 def elsewhere() -> None: ...
 
 
-@pytest.mark.spec("Q-58")
+@pytest.mark.spec("Q-58", "Q-199")
 def test_status_follows_a_task_through_pending_delayed_running_retry_dead_and_done() -> None:
     async def main() -> None:
         GATE[:] = [asyncio.Event()]

@@ -146,7 +146,7 @@ class FailingMemory(Memory):
         return []
 
 
-@pytest.mark.spec("Q-71")
+@pytest.mark.spec("Q-71", "Q-206")
 def test_a_failed_sweep_is_logged_and_retried_and_a_broken_backend_ends_sweeping(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger="deferq.queue")

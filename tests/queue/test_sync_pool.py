@@ -108,7 +108,7 @@ def test_a_blocking_plain_perform_runs_in_the_pool_and_the_loop_keeps_running(
     run(main())
 
 
-@pytest.mark.spec("Q-38")
+@pytest.mark.spec("Q-38", "Q-164")
 def test_the_pool_runs_at_most_sync_threads_performs_at_once(tmp_path: Path) -> None:
     async def main() -> None:
         disk = Disk(path=str(tmp_path))
@@ -143,7 +143,7 @@ def test_an_inline_task_runs_on_the_loops_thread(tmp_path: Path) -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-38", "Q-8", "Q-140")
+@pytest.mark.spec("Q-38", "Q-8", "Q-140", "Q-165")
 def test_a_plain_perform_failing_in_the_pool_goes_through_the_retry_policy() -> None:
     async def main() -> None:
         from deferq.testing import Memory
@@ -162,7 +162,7 @@ def test_a_plain_perform_failing_in_the_pool_goes_through_the_retry_policy() -> 
     run(main())
 
 
-@pytest.mark.spec("Q-38", "Q-15")
+@pytest.mark.spec("Q-38", "Q-15", "Q-166")
 def test_stop_shuts_the_pool_down_and_ignores_a_perform_still_running(tmp_path: Path) -> None:
     async def main() -> None:
         disk = Disk(path=str(tmp_path))
@@ -186,7 +186,7 @@ def test_stop_shuts_the_pool_down_and_ignores_a_perform_still_running(tmp_path: 
     run(main())
 
 
-@pytest.mark.spec("Q-38")
+@pytest.mark.spec("Q-38", "Q-164")
 @pytest.mark.parametrize("value", [0, -1, 1025, 2.0, "8", True, None])
 def test_sync_threads_must_be_an_int_within_bounds(value: object) -> None:
     with pytest.raises(ValueError, match="sync_threads must be an int from 1 to 1,024"):

@@ -92,7 +92,7 @@ async def _dead(backend: Memory, task_id: str) -> deferq.DeadTask:
     raise AssertionError(f"{task_id} was not dead-lettered")
 
 
-@pytest.mark.spec("Q-39")
+@pytest.mark.spec("Q-39", "Q-167", "Q-168")
 def test_an_async_execution_past_its_timeout_is_cancelled_and_dead_lettered_as_a_timeout(
         caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
@@ -114,7 +114,7 @@ def test_an_async_execution_past_its_timeout_is_cancelled_and_dead_lettered_as_a
                for r in caplog.records)
 
 
-@pytest.mark.spec("Q-39", "Q-3")
+@pytest.mark.spec("Q-39", "Q-3", "Q-167")
 def test_a_timeout_goes_through_the_retry_policy() -> None:
     async def main() -> None:
         queue, clock, backend = await _queue()
@@ -134,7 +134,7 @@ def test_a_timeout_goes_through_the_retry_policy() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-39", "Q-38")
+@pytest.mark.spec("Q-39", "Q-38", "Q-168")
 def test_a_plain_perform_past_its_timeout_fails_and_its_thread_outcome_is_ignored() -> None:
     async def main() -> None:
         queue, clock, backend = await _queue()

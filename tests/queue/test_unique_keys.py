@@ -100,7 +100,7 @@ def test_a_key_holds_while_its_task_is_delayed_running_or_retrying_and_frees_aft
     run(main())
 
 
-@pytest.mark.spec("Q-54")
+@pytest.mark.spec("Q-54", "Q-193")
 def test_concurrent_defers_with_one_key_from_threads_and_coroutines_store_one_task() -> None:
     async def main() -> None:
         backend, clock = RecordingBackend(), DrivenClock()
@@ -121,7 +121,7 @@ def test_concurrent_defers_with_one_key_from_threads_and_coroutines_store_one_ta
     run(main())
 
 
-@pytest.mark.spec("Q-55", "Q-53")
+@pytest.mark.spec("Q-55", "Q-53", "Q-194", "Q-195")
 def test_keys_survive_a_restart_and_are_per_queue(tmp_path: Path) -> None:
     async def first_run() -> tuple[str, str]:
         with Disk(path=tmp_path) as one, Disk(path=tmp_path) as two:
