@@ -120,7 +120,7 @@ def test_a_wrong_dsn_is_a_clear_error_without_the_password(pg: PgSchema) -> None
         Postgres(dsn="host=/nonexistent-dir port=1 user=x", schema=pg.schema)
 
 
-@pytest.mark.spec("P-6")
+@pytest.mark.spec("P-6", "P-51")
 def test_a_connection_dropped_while_idle_is_replaced_before_the_next_statement(
         pg: PgSchema, db: Postgres) -> None:
     def kill() -> None:
@@ -136,7 +136,7 @@ def test_a_connection_dropped_while_idle_is_replaced_before_the_next_statement(
     assert sql(pg, "SELECT id FROM {s}.pending ORDER BY seq") == [(tid,), (new,)]
 
 
-@pytest.mark.spec("P-6")
+@pytest.mark.spec("P-6", "P-50", "P-59")
 def test_a_connection_dropped_mid_statement_fails_that_call_and_the_next_reconnects(
         pg: PgSchema, db: Postgres) -> None:
     import psycopg

@@ -96,7 +96,7 @@ def test_db_commands_refuse_a_newer_schema_and_need_a_dsn(
     assert status == 1 and "schema must be" in err
 
 
-@pytest.mark.spec("P-7", "P-32")
+@pytest.mark.spec("P-7", "P-32", "P-52")
 def test_dead_commands_on_postgres(pg: PgSchema, store: list[str],
                                    capsys: pytest.CaptureFixture[str],
                                    monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,7 +131,7 @@ def test_dead_commands_on_postgres(pg: PgSchema, store: list[str],
         assert [t.id for t in Operator(db).list_dead()] == [store[1]]
 
 
-@pytest.mark.spec("P-7")
+@pytest.mark.spec("P-7", "P-52", "P-54")
 def test_stats_and_the_environment_choose_the_database(
         pg: PgSchema, store: list[str], capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ def test_stats_and_the_environment_choose_the_database(
     assert status == 2 and "deferq stats" in err
 
 
-@pytest.mark.spec("P-7")
+@pytest.mark.spec("P-7", "P-53")
 def test_pending_list_shows_every_row_and_who_holds_it(
         pg: PgSchema, store: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with Postgres(dsn=pg.dsn, schema=pg.schema) as worker:

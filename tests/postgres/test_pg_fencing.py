@@ -22,7 +22,7 @@ def _expire(pg: PgSchema) -> None:
            "WHERE lease_owner IS NOT NULL")
 
 
-@pytest.mark.spec("P-41", "P-25")
+@pytest.mark.spec("P-41", "P-25", "P-55", "P-57", "P-58")
 def test_a_worker_whose_lease_ran_out_cannot_undo_the_new_holders_claim(
         pg: PgSchema, caplog: pytest.LogCaptureFixture) -> None:
     with Postgres(dsn=pg.dsn, schema=pg.schema, create_schema=True) as a, \
@@ -54,7 +54,7 @@ def test_a_worker_whose_lease_ran_out_cannot_undo_the_new_holders_claim(
         assert _row(pg, other) == []
 
 
-@pytest.mark.spec("P-41")
+@pytest.mark.spec("P-41", "P-56")
 def test_a_claim_during_a_give_up_skips_the_task_the_handoff_has_locked(
         pg: PgSchema) -> None:
     with Postgres(dsn=pg.dsn, schema=pg.schema, create_schema=True) as a, \

@@ -472,7 +472,8 @@ class PgMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.slow
-@pytest.mark.spec("P-40", "P-41", "P-42", "P-43", "P-44", "M-20", "M-21", "M-32", "M-33", "M-34")
+@pytest.mark.spec("P-40", "P-41", "P-42", "P-43", "P-44", "M-20", "M-21", "M-32", "M-33", "M-34",
+                  "P-59")
 def test_postgres_backend_follows_the_model_through_kills_and_crashes(pg: PgSchema) -> None:
     class OnThisSchema(PgMachine):
         def __init__(self) -> None:

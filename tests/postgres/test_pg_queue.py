@@ -195,7 +195,7 @@ def test_the_heartbeat_keeps_a_long_task_held(pg: PgSchema) -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.spec("Q-76", "P-6")
+@pytest.mark.spec("Q-76", "P-6", "P-50")
 def test_a_queue_survives_the_server_dropping_all_its_connections(
         pg: PgSchema, caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
