@@ -59,7 +59,7 @@ def runs(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
     return [s for s in exporter.get_finished_spans() if s.name.startswith("run ")]
 
 
-@pytest.mark.spec("Q-109", "Q-111")
+@pytest.mark.spec("Q-109", "Q-111", "Q-224")
 def test_each_execution_is_a_child_of_the_enqueuing_span_through_a_retry() -> None:
     provider, exporter = tracing()
     tracer = provider.get_tracer("app")
@@ -100,7 +100,7 @@ def test_each_execution_is_a_child_of_the_enqueuing_span_through_a_retry() -> No
     assert spans[0].attributes is not None and spans[0].attributes["deferq.retry.delay_s"] == 5
 
 
-@pytest.mark.spec("Q-109", "Q-111")
+@pytest.mark.spec("Q-109", "Q-111", "Q-224")
 def test_the_traceparent_survives_a_restart_and_link_mode_links_instead(storage: Path) -> None:
     provider, exporter = tracing()
     tracer = provider.get_tracer("app")
@@ -127,7 +127,7 @@ def test_the_traceparent_survives_a_restart_and_link_mode_links_instead(storage:
     assert span.status.status_code is trace.StatusCode.OK
 
 
-@pytest.mark.spec("Q-109", "Q-111")
+@pytest.mark.spec("Q-109", "Q-111", "Q-224")
 def test_without_a_current_span_nothing_is_stored_and_spans_end_on_every_outcome() -> None:
     provider, exporter = tracing()
 

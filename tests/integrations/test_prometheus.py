@@ -59,7 +59,7 @@ def samples_from(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], flo
     return out
 
 
-@pytest.mark.spec("Q-107", "Q-110")
+@pytest.mark.spec("Q-107", "Q-110", "Q-223")
 def test_a_scrape_shows_the_queues_counts_durations_and_gauges() -> None:
     registry = CollectorRegistry()
     metrics = PrometheusMetrics(registry, dead_refresh_s=0)
@@ -109,7 +109,7 @@ def test_a_scrape_shows_the_queues_counts_durations_and_gauges() -> None:
     assert 'deferq_queue_running{queue="web"} 0.0' in lines  # the hanging one was cancelled
 
 
-@pytest.mark.spec("Q-107")
+@pytest.mark.spec("Q-107", "Q-223")
 def test_a_cancel_is_counted_without_a_duration() -> None:
     registry = CollectorRegistry()
     metrics = PrometheusMetrics(registry)
@@ -143,7 +143,7 @@ def test_the_dead_task_count_is_read_at_most_once_per_refresh() -> None:
     assert samples(fresh)[("deferq_dead_tasks", (("queue", "default"),))] == 1
 
 
-@pytest.mark.spec("Q-110")
+@pytest.mark.spec("Q-110", "Q-225")
 def test_a_closed_backend_leaves_out_the_dead_sample_without_failing_the_scrape(
         storage: Path, caplog: pytest.LogCaptureFixture) -> None:
     registry = CollectorRegistry()

@@ -40,7 +40,7 @@ class Recorder(Hooks):
         self.events.append(("succeeded", event.task_id, None))
 
 
-@pytest.mark.spec("Q-101")
+@pytest.mark.spec("Q-101", "Q-213")
 def test_a_claimed_task_is_replayed_from_claimed(pg: PgSchema) -> None:
     recorder = Recorder()
 

@@ -152,7 +152,7 @@ def test_more_than_the_most_hooks_are_refused() -> None:
         deferq.Queue(Memory(), hooks=[Hooks() for _ in range(HOOKS_MAX + 1)])
 
 
-@pytest.mark.spec("Q-100")
+@pytest.mark.spec("Q-210")
 def test_an_async_hook_method_is_refused_naming_the_class_and_method() -> None:
     class Slow(Hooks):
         async def on_started(self, event: TaskStarted) -> None:  # type: ignore[override]
@@ -162,7 +162,7 @@ def test_an_async_hook_method_is_refused_naming_the_class_and_method() -> None:
         deferq.Queue(Memory(), hooks=[Slow()])
 
 
-@pytest.mark.spec("Q-100")
+@pytest.mark.spec("Q-211")
 def test_only_the_methods_a_hook_overrides_are_called(monkeypatch: pytest.MonkeyPatch) -> None:
     base_calls: list[str] = []
 
@@ -196,7 +196,7 @@ def test_only_the_methods_a_hook_overrides_are_called(monkeypatch: pytest.Monkey
 # -----------------------------------------------------------------------------
 
 
-@pytest.mark.spec("Q-101", "Q-102")
+@pytest.mark.spec("Q-101", "Q-102", "Q-212", "Q-214", "Q-216", "Q-217")
 def test_a_failing_task_sends_enqueued_started_retry_started_dead() -> None:
     async def main() -> tuple[Recorder, str, list[object]]:
         recorder = Recorder()
@@ -231,7 +231,7 @@ def test_a_failing_task_sends_enqueued_started_retry_started_dead() -> None:
     _ending_events_match_started(recorder)
 
 
-@pytest.mark.spec("Q-101", "Q-104")
+@pytest.mark.spec("Q-101", "Q-104", "Q-222")
 def test_events_carry_the_metadata_read_only() -> None:
     async def main() -> Mapping[str, str]:
         recorder = Recorder()
@@ -248,7 +248,7 @@ def test_events_carry_the_metadata_read_only() -> None:
     assert dict(run(main())) == {"k": "v"}
 
 
-@pytest.mark.spec("Q-101", "Q-102")
+@pytest.mark.spec("Q-101", "Q-102", "Q-212", "Q-215")
 def test_a_success_and_a_delayed_task_and_a_keyed_duplicate() -> None:
     async def main() -> Recorder:
         recorder = Recorder()
@@ -274,7 +274,7 @@ def test_a_success_and_a_delayed_task_and_a_keyed_duplicate() -> None:
     _ending_events_match_started(recorder)
 
 
-@pytest.mark.spec("Q-101")
+@pytest.mark.spec("Q-101", "Q-213")
 def test_a_restart_sends_replayed_from_start(storage: Path) -> None:
     async def main() -> tuple[Recorder, str]:
         with Disk(path=storage) as disk:
@@ -307,7 +307,7 @@ class OneOrphan(Memory):
         return [PendingTask(task_id, record, None)]
 
 
-@pytest.mark.spec("Q-101")
+@pytest.mark.spec("Q-101", "Q-213")
 def test_the_sweep_sends_replayed_adopted_with_the_stored_attempts() -> None:
     async def main() -> Recorder:
         recorder = Recorder()
@@ -327,7 +327,7 @@ def test_the_sweep_sends_replayed_adopted_with_the_stored_attempts() -> None:
     assert (replayed.source, replayed.attempt) == (ReplaySource.ADOPTED, 3)
 
 
-@pytest.mark.spec("Q-101", "Q-102")
+@pytest.mark.spec("Q-101", "Q-102", "Q-217")
 def test_a_task_that_cannot_be_loaded_is_dead_lettered_without_starting() -> None:
     async def main() -> Recorder:
         recorder = Recorder()
@@ -348,7 +348,7 @@ def test_a_task_that_cannot_be_loaded_is_dead_lettered_without_starting() -> Non
     assert isinstance(event.exception, deferq.UnloadableTaskError)
 
 
-@pytest.mark.spec("Q-101", "Q-102")
+@pytest.mark.spec("Q-101", "Q-102", "Q-218", "Q-220")
 def test_cancels_send_one_cancelled_event_in_every_state() -> None:
     async def main() -> tuple[Recorder, dict[str, str]]:
         recorder = Recorder()
@@ -376,7 +376,7 @@ def test_cancels_send_one_cancelled_event_in_every_state() -> None:
     _ending_events_match_started(recorder)
 
 
-@pytest.mark.spec("Q-102")
+@pytest.mark.spec("Q-102", "Q-219")
 def test_stop_interrupts_a_running_execution() -> None:
     async def main() -> Recorder:
         recorder = Recorder()
@@ -424,7 +424,7 @@ def test_enqueue_meta_adds_keys_and_the_tasks_own_keys_win() -> None:
         {"traceparent": "tp", "tenant": "hook", "extra": "x"}]
 
 
-@pytest.mark.spec("Q-103", "Q-104")
+@pytest.mark.spec("Q-103", "Q-104", "Q-221")
 @pytest.mark.parametrize("extra", [
     RuntimeError("no tracer"), 42, {"k": 1}, {"": "v"},
     {f"k{i}": "v" for i in range(META_ITEMS_MAX + 1)}])
@@ -583,7 +583,7 @@ def test_hooks_are_called_in_the_order_given_each_returning_before_the_next() ->
                      "a succeeded"]
 
 
-@pytest.mark.spec("Q-101", "Q-41")
+@pytest.mark.spec("Q-101", "Q-41", "Q-212")
 def test_a_cancelled_adefer_still_sends_enqueued_once_its_commit_is_done(
         storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     async def main() -> tuple[Recorder, str]:

@@ -90,7 +90,7 @@ class _Outcomes(deferq.Hooks):
         self.seen.append(f"dead {event.task_name} after {event.attempt}")
 
 
-@pytest.mark.spec("C-21", "Q-100")
+@pytest.mark.spec("C-21", "Q-100", "Q-212")
 def test_a_kit_queue_takes_hooks_and_drain_delivers_their_events() -> None:
     kit = _kit()
     outcomes = _Outcomes()
