@@ -137,7 +137,7 @@ def read_page(storage: Path, limit: int, offset: int, way: str) -> tuple[list[st
     return [t.id for t in tasks], handler.damage()
 
 
-@pytest.mark.spec("S-40", "S-6", "S-31", "S-7", "R-@H")
+@pytest.mark.spec("S-40", "S-6", "S-31", "S-7", "R-@H", "S-83")
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["record"] * 8 + ["digit", "undecodable", "nul"]),
                           st.integers(0, 400)), min_size=1, max_size=120),
@@ -156,7 +156,7 @@ def test_the_scan_with_runs_returns_what_the_index_returns_at_any_offset(
         assert read_page(storage, limit, offset, "stream")[0] == want[0]
 
 
-@pytest.mark.spec("S-40", "S-31")
+@pytest.mark.spec("S-40", "S-31", "S-84")
 def test_a_deep_page_over_clean_records_checks_whole_runs_not_lines(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / f"{PREFIX}dead_tasks-0").write_bytes(
@@ -180,7 +180,7 @@ def test_a_deep_page_over_clean_records_checks_whole_runs_not_lines(
     assert one_by_one and all(n == 1 for n in one_by_one) and len(one_by_one) <= blocks + 1
 
 
-@pytest.mark.spec("S-40", "S-6", "R-@H")
+@pytest.mark.spec("S-40", "S-6", "R-@H", "S-84")
 def test_a_skipped_run_counts_each_new_id_once_and_ids_met_not_at_all(tmp_path: Path) -> None:
     # Newest first: t0..t9 twice (the second time superseded), then ten older ids.
     ids = [f"o{i}" for i in range(10)] + [f"t{i}" for i in range(10)] * 2

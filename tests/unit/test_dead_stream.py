@@ -344,7 +344,7 @@ def _places_file() -> tuple[bytes, list[str | None]]:
     return data, places
 
 
-@pytest.mark.spec("S-33", "S-34", "S-31", "S-40", "S-27", "R-@G", "R-@H", "S-82", "S-81")
+@pytest.mark.spec("S-33", "S-34", "S-31", "S-40", "S-27", "R-@G", "R-@H", "S-82", "S-81", "S-83")
 @pytest.mark.parametrize("chunk", [READ_CHUNK_BYTES, 600])
 def test_pages_over_undecodable_latest_records_partition_the_listing_on_every_read_path(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
