@@ -198,6 +198,17 @@ def test_ext4_keeps_the_order_of_one_files_writes() -> None:
     assert b"\0B" in outcomes(disk, "weakest", "/f")  # weakest: any subset
 
 
+@pytest.mark.spec("M-40")
+@pytest.mark.parametrize("model", ("ext4_ordered", "prefix"))
+def test_an_unsynced_allocation_is_kept_or_lost_whole_as_zeros(model: str) -> None:
+    disk, env = machine()
+    durable_file(env, "/f", b"hello")
+    fd = env.open("/f", RW)
+    env.allocate(fd, 5, 11)
+    assert env.pread(fd, 16, 0) == b"hello" + bytes(11)  # zeros at once, for every reader
+    assert outcomes(disk, model, "/f") == {b"hello", b"hello" + bytes(11)}
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_unsynced_truncate_is_lost_or_applied(model: str) -> None:
     disk, env = machine()

@@ -57,7 +57,7 @@ def test_without_psycopg_a_postgres_names_the_extra(monkeypatch: pytest.MonkeyPa
         Postgres(dsn="host=/nowhere")
 
 
-@pytest.mark.spec("P-2")
+@pytest.mark.spec("P-2", "P-70")
 @pytest.mark.parametrize("options", [
     {"schema": "Bad"}, {"schema": ""}, {"schema": "a-b"}, {"schema": "x" * 41},
     {"schema": 'a"b'}, {"dsn": ""}, {"dsn": 3}, {"lease_seconds": 0.5},
@@ -79,7 +79,7 @@ def test_creating_the_tables_twice_changes_nothing(pg: PgSchema) -> None:
     assert sql(pg, "SELECT count(*) FROM {s}.pending") == [(1,)]
 
 
-@pytest.mark.spec("P-3")
+@pytest.mark.spec("P-3", "P-71")
 def test_an_upgrade_never_creates_tables(pg: PgSchema) -> None:
     from deferq.backends._pgschema import migrate
     from deferq.backends._pgconn import connect

@@ -63,7 +63,7 @@ def store(pg: PgSchema, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield ids
 
 
-@pytest.mark.spec("P-7", "P-3")
+@pytest.mark.spec("P-7", "P-3", "P-71")
 def test_db_init_creates_then_changes_nothing_and_upgrade_never_creates(
         pg: PgSchema, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = cli(capsys, "db", "upgrade", "--dsn", pg.dsn, "--schema", pg.schema)

@@ -79,7 +79,7 @@ def ref_due(text: str) -> Callable[[datetime.datetime], bool]:
 WINDOW_MIN = 2 * 24 * 60
 
 
-@pytest.mark.spec("Q-120", "Q-121")
+@pytest.mark.spec("Q-120", "Q-121", "Q-226")
 @settings(max_examples=100, deadline=None)
 @given(expressions(), st.integers(0, 4_000_000_000))
 def test_next_and_latest_due_agree_with_a_minute_by_minute_reference(text: str, at: int) -> None:

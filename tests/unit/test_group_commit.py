@@ -214,7 +214,7 @@ def test_a_failed_group_fsync_fails_every_waiter_and_the_wal_stays_broken() -> N
     assert "first" in [t.task_id for t in rebooted.pending_tasks()]
 
 
-@pytest.mark.spec("W-23", "W-9")
+@pytest.mark.spec("W-23", "W-9", "W-77")
 def test_rotation_is_deferred_while_an_fsync_is_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_wal, "WAL_SIZE_LIMIT_BYTES", 300)
     sim = SimDisk(1)
@@ -245,7 +245,7 @@ def test_rotation_is_deferred_while_an_fsync_is_in_flight(monkeypatch: pytest.Mo
     assert sorted(t.task_id for t in rebooted.pending_tasks()) == sorted(ids[2:])
 
 
-@pytest.mark.spec("W-23", "C-9")
+@pytest.mark.spec("C-9", "W-78")
 def test_close_waits_for_an_fsync_in_flight() -> None:
     sim = SimDisk(2)
     env = GateEnv(sim.process())
