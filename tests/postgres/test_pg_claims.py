@@ -122,7 +122,7 @@ def test_a_real_one_second_lease_runs_out_without_a_heartbeat(pg: PgSchema) -> N
         assert [t.task_id for t in b.claim_due(1)] == [tid]
 
 
-@pytest.mark.spec("P-21", "P-17", "P-25")
+@pytest.mark.spec("P-17", "P-25", "P-72")
 def test_a_claiming_backend_holds_what_it_adds_and_renews_exactly_that(
         pg: PgSchema, workers: list[Postgres]) -> None:
     a, b, _ = workers
@@ -146,7 +146,7 @@ def test_a_claiming_backend_holds_what_it_adds_and_renews_exactly_that(
     assert a.renew_claims() == 1
 
 
-@pytest.mark.spec("P-26", "C-31", "P-21")
+@pytest.mark.spec("P-26", "C-31", "P-72")
 def test_release_and_close_give_every_held_task_back_at_once(
         pg: PgSchema, workers: list[Postgres]) -> None:
     a, b, _ = workers
@@ -163,7 +163,7 @@ def test_release_and_close_give_every_held_task_back_at_once(
     assert len(a.claim_due(10)) == 5
 
 
-@pytest.mark.spec("P-27", "P-21", "C-32")
+@pytest.mark.spec("P-27", "C-32", "P-73")
 def test_idle_workers_wake_on_notify_and_on_wake(workers: list[Postgres]) -> None:
     a, _, producer = workers
     assert a.wait_for_tasks(0.05) is False  # LISTEN starts; nothing came

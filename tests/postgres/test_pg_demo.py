@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.spec("Q-75")
+@pytest.mark.spec("Q-227")
 def test_the_demo_splits_tasks_across_two_workers_retries_and_dead_letters() -> None:
     done = subprocess.run([sys.executable, "-m", "deferq._demos.postgres"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=False)

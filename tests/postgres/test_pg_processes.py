@@ -49,7 +49,7 @@ def _wait(what: str, check: Callable[[], bool]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.spec("P-23", "Q-75")
+@pytest.mark.spec("P-23", "Q-227")
 def test_a_killed_workers_tasks_are_run_by_the_survivor_at_least_once(
         pg: PgSchema, tmp_path: Path) -> None:
     ledger = tmp_path / "ledger"

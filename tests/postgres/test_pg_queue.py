@@ -1,7 +1,7 @@
 """Queues running on the Postgres backend: end to end, two queues sharing one database, a dead
 worker's tasks taken over, claims given back at stop, faults of the claimer.
 
-Goal: spec/queue.md Q-75..Q-77 hold with real queues on a real server. Method: plain ``Queue``s with ``poll_seconds`` small so that waits are short; every
+Goal: spec/queue.md Q-76, Q-77, Q-227, Q-228 hold with real queues on a real server. Method: plain ``Queue``s with ``poll_seconds`` small so that waits are short; every
 wait is bounded (``eventually``) and fails with what it was waiting for.
 """
 
@@ -72,7 +72,7 @@ def _fresh_runs() -> None:
     RUNS.clear()
 
 
-@pytest.mark.spec("Q-75", "C-29", "P-30")
+@pytest.mark.spec("C-29", "P-30", "Q-227")
 def test_a_queue_runs_retries_and_dead_letters_on_postgres(pg: PgSchema) -> None:
     async def scenario() -> None:
         with backend(pg) as db:
@@ -92,7 +92,41 @@ def test_a_queue_runs_retries_and_dead_letters_on_postgres(pg: PgSchema) -> None
     asyncio.run(scenario())
 
 
-@pytest.mark.spec("Q-75", "P-21", "P-22", "Q-207")
+class Held(deferq.Task, name="pg.Held", registry=REG):
+    async def perform(self, key: str) -> None:
+        await asyncio.sleep(0.05)
+        RUNS[key] += 1
+
+
+@pytest.mark.spec("Q-227", "Q-228")
+def test_a_queue_claims_only_what_it_can_begin_and_claims_again_when_a_slot_frees(
+        pg: PgSchema) -> None:
+    keys = [f"h{i}" for i in range(12)]
+
+    async def scenario() -> None:
+        # A long poll: claiming again must come from the freed slots (Q-228), not the poll.
+        with backend(pg, poll_seconds=30) as worker, backend(pg) as producer:
+            queue = deferq.Queue(worker, registry=REG, max_concurrency=2)
+            await queue.start()
+            for key in keys:
+                producer.add_task(context("pg.Held", key))
+            most = 0
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            while sum(RUNS.values()) < len(keys):
+                held = sql(pg, "SELECT count(*) FROM {s}.pending WHERE lease_owner = %s",
+                           (worker.owner,))
+                most = max(most, int(str(held[0][0])))
+                assert loop.time() - started < 20, f"only {sum(RUNS.values())} ran"
+                await asyncio.sleep(0.005)
+            assert await queue.stop(5)
+        assert most <= 2, f"held {most} tasks at once with max_concurrency=2"
+        assert most >= 1  # the check saw the worker at work
+        assert set(RUNS) == set(keys) and set(RUNS.values()) == {1}
+    asyncio.run(scenario())
+
+
+@pytest.mark.spec("P-22", "Q-207", "P-72", "Q-227")
 def test_two_queues_on_one_database_run_each_task_once(pg: PgSchema) -> None:
     keys = [f"k{i}" for i in range(120)]
 
@@ -114,7 +148,7 @@ def test_two_queues_on_one_database_run_each_task_once(pg: PgSchema) -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.spec("Q-75", "P-23")
+@pytest.mark.spec("P-23", "Q-227")
 def test_a_dead_workers_tasks_are_run_once_its_leases_expire(pg: PgSchema) -> None:
     async def scenario() -> None:
         with backend(pg) as dead_worker, backend(pg) as live:
@@ -145,7 +179,7 @@ def test_stop_gives_back_what_the_queue_did_not_run(pg: PgSchema) -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.spec("Q-75", "Q-9")
+@pytest.mark.spec("Q-9", "Q-227")
 def test_a_claimed_task_that_cannot_be_loaded_is_dead_lettered(pg: PgSchema) -> None:
     async def scenario() -> None:
         with backend(pg) as db, backend(pg) as producer:
@@ -222,7 +256,7 @@ def test_a_queue_survives_the_server_dropping_all_its_connections(
         asyncio.run(scenario())
 
 
-@pytest.mark.spec("Q-75", "Q-77", "P-27")
+@pytest.mark.spec("Q-77", "P-27", "Q-227")
 def test_an_idle_queue_wakes_on_notify_and_stops_at_once_with_a_long_poll(pg: PgSchema) -> None:
     async def scenario() -> None:
         loop = asyncio.get_running_loop()

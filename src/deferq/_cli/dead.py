@@ -260,7 +260,7 @@ def dead_retry(args: argparse.Namespace) -> int:
             database = open_database(args)
             if database is not None:
                 # On PostgreSQL (P-7) the retried tasks are free rows that running workers
-                # claim at once (P-21).
+                # claim at once (P-72).
                 with database:
                     retried, missing = Operator(database, database).retry_dead(
                         ids, on_task=progress.step)

@@ -1,5 +1,5 @@
 """The claimer: a queue on a shared backend also runs the due tasks it claims from it
-(spec/queue.md Q-75..Q-77, spec/postgres.md P-20..P-27).
+(spec/queue.md Q-76, Q-77, Q-227, Q-228, spec/postgres.md P-20..P-27, P-72).
 
 Rules:
 - Only for a ``ClaimingBackend`` (``Postgres``); a queue on any other backend has none and
@@ -7,11 +7,13 @@ Rules:
 - At start the backend is told to hold what it adds (``start_claiming``, C-29): a task this
   queue enqueues is scheduled here and no other worker takes it while this one lives.
 - Two loops on the queue's event loop, each backend call in a worker thread (the loop never
-  waits on the database, Q-10): the claim loop claims up to ``CLAIM_BATCH`` due tasks minus
-  the backlog (bounded, Q-11), schedules each as a replayed task (Q-9: one that cannot be
-  loaded is dead-lettered), and when there was nothing to claim waits for a NOTIFY or
-  ``poll_seconds`` (P-27); the heartbeat renews every lease a third of ``lease_seconds``
-  apart, independently of the claims (P-25).
+  waits on the database, Q-10): the claim loop claims only what the queue can begin now, up
+  to ``min(CLAIM_BATCH, max_concurrency)`` minus the executions holding or waiting for a slot
+  (Q-227), so that a worker never hoards due tasks another idle worker could run; it
+  schedules each as a replayed task (Q-9: one that cannot be loaded is dead-lettered). When
+  there was less to claim than room it waits for a NOTIFY or ``poll_seconds`` (P-27); when
+  there is no room it waits until an execution gives its slot back (Q-228). The heartbeat
+  renews every lease a third of ``lease_seconds`` apart, independently of the claims (P-25).
 - A failing backend call is logged and retried after ``poll_seconds``; it never stops the
   loops or the queue (Q-76).
 - ``stop`` (before the scheduler stops) ends both loops; ``release`` (after the journal's
@@ -49,26 +51,35 @@ class Claimer:
         self._stopping = False
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Implements Q-75: hold what this queue adds, then claim and renew until ``stop``."""
+        """Implements Q-227: hold what this queue adds, then claim and renew until ``stop``."""
         self._backend.start_claiming()
         self._jobs = [loop.create_task(self._claim_loop(), name="deferq-claims"),
                       loop.create_task(self._heartbeat(), name="deferq-heartbeat")]
 
     async def _claim_loop(self) -> None:
         backend, scheduler = self._backend, self._scheduler
+        limit = min(CLAIM_BATCH, scheduler.max_concurrency)
+        freed = scheduler.slot_freed = asyncio.Event()
         while not self._stopping:
-            room = CLAIM_BATCH - scheduler.backlog
-            claimed = 0
+            # Implements Q-227: only what can begin now (a claimed task that waited for a slot
+            # would be held, its lease renewed, while another worker sat idle).
+            room = limit - max(scheduler.load, scheduler.backlog)
             try:
-                if room > 0:
-                    tasks = await asyncio.to_thread(backend.claim_due, room)
-                    claimed = len(tasks)
-                    now = int(self._clock.time())
-                    for pending in tasks:
-                        await self._executor.replay(pending, now, ReplaySource.CLAIMED)
-                if claimed < room or room <= 0:
-                    # Nothing more is due now (or the backlog is full): wait for a NOTIFY,
-                    # or look again after poll_seconds at most.
+                if room <= 0:
+                    # Implements Q-228: claim again as soon as an execution ends.
+                    freed.clear()
+                    try:
+                        await asyncio.wait_for(freed.wait(), backend.poll_seconds)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                tasks = await asyncio.to_thread(backend.claim_due, room)
+                now = int(self._clock.time())
+                for pending in tasks:
+                    await self._executor.replay(pending, now, ReplaySource.CLAIMED)
+                if len(tasks) < room:
+                    # Nothing more is due now: wait for a NOTIFY, or look again after
+                    # poll_seconds at most.
                     await asyncio.to_thread(backend.wait_for_tasks, backend.poll_seconds)
             except asyncio.CancelledError:
                 raise

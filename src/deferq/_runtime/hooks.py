@@ -57,7 +57,7 @@ class ReplaySource(enum.Enum):
 
     START = "start"  # the WAL ``start()`` read
     ADOPTED = "adopted"  # an orphaned WAL file the sweep adopted
-    CLAIMED = "claimed"  # a due task claimed from a shared store
+    CLAIMED = "claimed"  # a due task claimed from a shared store
 
 
 class TaskEnqueued(NamedTuple):

@@ -139,7 +139,7 @@ class Queue(DeadTaskApi):
         self._sweeper = None if adopt is None else Sweeper(
             adopt, self._executor.replay_adopted, self.clock, interval_s=interval_s,
             files_max=SWEEP_FILES_MAX)
-        # on a shared backend (Postgres) the queue also runs the due tasks it claims.
+        # on a shared backend (Postgres) the queue also runs the due tasks it claims.
         self._claimer = (Claimer(backend, self._scheduler, self._executor, self.clock)
                          if isinstance(backend, ClaimingBackend) else None)
         self._periodic = periodic_for(schedules, backend, self._prepare, self._apersist,

@@ -78,6 +78,8 @@ class Scheduler:
         self._soon_handle: asyncio.Handle | None = None
         self._as_task: dict[type[Task], bool] = {}
         self._idle_waiters: list[asyncio.Future[None]] = []
+        # Set when an execution gives its slot back: a claimer with no room waits on it (Q-228).
+        self.slot_freed: asyncio.Event | None = None
         # Delayed tasks waiting for their time (Q-36).
         self.timers = TimerHeap(clock, self._timer_fired)
         self._run_plain: RunPlain | None = None
@@ -259,9 +261,16 @@ class Scheduler:
             self.work.discard(job)
         self.maybe_idle(holds_slot=holds_slot)
 
+    @property
+    def load(self) -> int:
+        """Executions holding a slot or waiting for one (a claimer's room is what is left)."""
+        return self.active + len(self._waiting)
+
     def release_slot(self) -> None:
         """Implements Q-37: an execution gives its slot back; the first waiting one begins."""
         self.active -= 1
+        if self.slot_freed is not None:
+            self.slot_freed.set()
         waiting = self._waiting
         while waiting and self.running and self.active < self.max_concurrency:
             self.active += 1

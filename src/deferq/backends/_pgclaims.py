@@ -5,9 +5,14 @@ Rules:
 - One statement each, in autocommit mode (its own transaction, READ COMMITTED): when it
   returns, the commit is durable on the server (``synchronous_commit`` on, P-16).
 - A task a running queue adds is claimed by that queue's backend at once (``owner``), so no
-  other worker takes it while this one has it scheduled; a task added with ``owner`` None
-  (a producer that runs no queue) is free, and a NOTIFY in the same transaction wakes the
-  idle workers (P-21).
+  other worker takes it while this one has it scheduled (P-72); a task added with ``owner``
+  None (a producer that runs no queue) is free, and once its insert committed a NOTIFY in a
+  transaction of its own, committed without waiting for its WAL flush, wakes the idle
+  workers (P-73). Why not in the insert's transaction: PostgreSQL holds a database-wide lock
+  from a notifying transaction's pre-commit until its end, WAL flush included, so notifying
+  inserts commit one at a time and lose group commit (16 producers ran at 1.8-2.4x the
+  floor). A notification is a hint (idle workers poll every ``poll_seconds`` anyway, P-27),
+  so its own commit need not be durable and holds that lock for microseconds.
 - A claim takes due, free tasks (no owner, or an expired lease) with ``FOR UPDATE SKIP
   LOCKED``: two concurrent claims never return the same task, and neither waits for the
   other (P-22). Leases are timed by the server's clock; ``publish_at`` is compared with the
@@ -41,14 +46,13 @@ def _pending_of(row: tuple[object, ...]) -> PendingTask:
     return PendingTask(tid, context, publish_at)
 
 
-def add(conn: psycopg.Connection[tuple[object, ...]], s: str, channel: str, context: bytes,
+def add(conn: psycopg.Connection[tuple[object, ...]], s: str, context: bytes,
         publish_at: int | None, task_id: str | None, owner: str | None,
         lease_s: float) -> str | None:
-    """Implements P-17, P-21, P-41: insert a task (a new id from the server) or replace
+    """Implements P-17, P-72, P-41: insert a task (a new id from the server) or replace
     ``task_id``'s; None when ``owner`` is fenced off (another worker's live lease holds it)."""
     fence = "" if owner is None else f" WHERE {FREE_FOR_OWNER}"
     lease = "NULL" if owner is None else "now() + make_interval(secs => %(lease)s)"
-    notify = "" if owner is not None else f", pg_notify('{channel}', '')"
     new_id = f"{_NOW_S}::text || '-' || nextval('{s}.task_seq')"
     row = conn.execute(
         f"""WITH added AS (
@@ -59,13 +63,19 @@ def add(conn: psycopg.Connection[tuple[object, ...]], s: str, channel: str, cont
                 publish_at = EXCLUDED.publish_at, lease_owner = EXCLUDED.lease_owner,
                 lease_until = EXCLUDED.lease_until{fence}
               RETURNING id)
-            SELECT id{notify} FROM added""",
+            SELECT id FROM added""",
         {"id": task_id, "context": context, "publish_at": publish_at, "owner": owner,
          "lease": lease_s}).fetchone()
     if row is None:
         return None
     assert isinstance(row[0], str)
     return row[0]
+
+
+def notify(conn: psycopg.Connection[tuple[object, ...]], channel: str) -> None:
+    """Implements P-73: wake the idle workers, in a transaction committed asynchronously."""
+    conn.execute("SELECT set_config('synchronous_commit', 'off', true), pg_notify(%s, '')",
+                 (channel,))
 
 
 def remove(conn: psycopg.Connection[tuple[object, ...]], s: str, task_id: str,

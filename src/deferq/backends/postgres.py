@@ -45,6 +45,7 @@ from deferq.backends._arguments import (
 )
 from deferq.backends._deadtask import dead_task_for
 from deferq.backends._pgconn import Listener, Session, connect, first_line, require_psycopg, where
+from deferq.backends._pgnotify import Notifier
 from deferq.backends._pgschema import (
     DEFAULT_SCHEMA,
     NOTIFY_PREFIX,
@@ -118,6 +119,9 @@ class Postgres:
         self._closed = False
         self._written = 0
         self._give_up_probe: _pgdead.Probe | None = None  # tests only (P-43)
+        # P-73, P-74: a producer's adds wake idle workers, at most once per interval.
+        self._notifier = Notifier(lambda: self._do(
+            "notify the workers", lambda c: _pgclaims.notify(c, self._channel)))
         try:
             if create_schema:
                 self._do("create the schema", lambda c: migrate(c, schema, create=True))
@@ -142,7 +146,7 @@ class Postgres:
         owner = self.owner if self._claiming else None
         try:
             added = self._do("add a task", lambda c: _pgclaims.add(
-                c, self._s, self._channel, data, when, tid, owner, self.lease_seconds),
+                c, self._s, data, when, tid, owner, self.lease_seconds),
                 retry=tid is not None)
         except PostgresError:
             self._let_go(tid)
@@ -155,6 +159,8 @@ class Postgres:
             self._written += 1
             if owner is not None:
                 self._held.add(added)
+        if owner is None:
+            self._notifier.added()  # P-73: after the add committed
         return added
 
     def remove_task(self, task_id: str, *, sync: bool = True) -> None:
@@ -339,6 +345,7 @@ class Postgres:
                 self.release_claims()
             except PostgresError:
                 pass  # unreachable: the leases expire on their own (P-23)
+        self._notifier.close()  # P-74: one still owed goes out before the connection closes
         self._closed = True
         self._listener.close()
         self._session.close()
