@@ -109,7 +109,7 @@ def test_a_producers_burst_is_heard_promptly_and_its_tasks_are_committed_first(
         burst = time.monotonic() - started
         last_add = time.monotonic()
         notifier = producer._notifier
-        _until(lambda: notifier._timer is None)  # the trailing notification went out
+        _until(lambda: not notifier.owed)  # the trailing notification went out
         assert time.monotonic() - last_add < NOTIFY_INTERVAL_S + 2.0
         heard = list(listener.notifies(timeout=1.0))
         assert len(heard) == notifier.sent - 1 >= 1, (len(heard), notifier.sent)
