@@ -164,6 +164,48 @@ def test_a_dead_workers_tasks_are_run_once_its_leases_expire(pg: PgSchema) -> No
     asyncio.run(scenario())
 
 
+class Parked(deferq.Task, name="pg.Parked", registry=REG):
+    async def perform(self, key: str) -> None:
+        RUNS[key] += 1
+        await asyncio.sleep(3600)
+
+
+class Interrupts(deferq.Hooks):
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def on_interrupted(self, event: deferq.TaskInterrupted) -> None:
+        self.events.append(f"interrupted {event.task_id}")
+
+    def on_cancelled(self, event: deferq.TaskCancelled) -> None:
+        self.events.append(f"cancelled {event.task_id}")
+
+
+@pytest.mark.spec("Q-229", "C-36", "P-41")
+def test_cancel_of_a_task_another_worker_took_is_false_and_leaves_it_to_that_worker(
+        pg: PgSchema, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        with backend(pg) as mine, backend(pg) as other:
+            hooks = Interrupts()
+            queue = deferq.Queue(mine, registry=REG, hooks=[hooks])
+            await queue.start()
+            tid = queue.enqueue(Parked, "stalled")  # held by this queue, running
+            await eventually("it runs", lambda: RUNS["stalled"] == 1)
+            # This worker's lease runs out (a stall) and another worker takes the task.
+            sql(pg, "UPDATE {s}.pending SET lease_until = now() - interval '1 s'")
+            other.start_claiming()
+            assert [t.task_id for t in other.claim_due(5)] == [tid]
+            with caplog.at_level(logging.WARNING, logger="deferq.queue"):
+                assert await queue.cancel(tid) is False
+            assert f"deferred task {tid} was not cancelled: another worker holds it" in caplog.text
+            assert sql(pg, "SELECT id, lease_owner FROM {s}.pending") == [(tid, other.owner)]
+            assert hooks.events == [f"interrupted {tid}"]
+            assert mine.remove_held(tid) is False  # still the other worker's
+            assert other.remove_held(tid) is True and other.remove_held(tid) is False
+            assert await queue.stop(5)
+    asyncio.run(scenario())
+
+
 @pytest.mark.spec("Q-77", "P-26")
 def test_stop_gives_back_what_the_queue_did_not_run(pg: PgSchema) -> None:
     async def scenario() -> None:

@@ -61,7 +61,15 @@ class Canceller:
                 if await self._ended(job):
                     scheduler.cancelled.discard(task_id)
             # else: it has not taken its first step; it ends there without running.
-        self._journal.remove(task_id)
+        if not self._journal.remove_checked(task_id):
+            # Implements Q-229: another worker holds it (this worker's lease ran out) or it is
+            # gone; this worker stopped what it ran of it, and reports that as interrupted.
+            log.warning("deferred task %s was not cancelled: another worker holds it (this "
+                        "worker's lease on it ran out) or it is gone; that worker decides its "
+                        "fate", task_id)
+            if where == "running" and self._hooks.executions and task_id in self._hooks.open:
+                self._hooks.ended(task_id)
+            return False
         log.info("deferred task %s cancelled (it was %s); removed from the WAL", task_id, where)
         if self._hooks.executions:
             # Implements Q-102: one not begun, or a running one that took its first step

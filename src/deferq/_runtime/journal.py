@@ -28,7 +28,7 @@ import logging
 
 from deferq._runtime.book import TaskBook
 from deferq._runtime.committer import Committer
-from deferq.backends.protocol import Backend
+from deferq.backends.protocol import Backend, ClaimingBackend
 
 log = logging.getLogger("deferq.queue")
 
@@ -118,6 +118,19 @@ class Journal:
         self._book_tasks.pop(task_id, None)
         if self._key_of:
             self.book.forget_key(task_id)  # its unique key is free again (Q-54)
+
+    def remove_checked(self, task_id: str) -> bool:
+        """``remove``, saying whether the task was removed: on a shared backend, False when
+        another worker holds it under a live lease or it is gone (C-36, Q-229)."""
+        backend = self.backend
+        if not isinstance(backend, ClaimingBackend):
+            self.remove(task_id)
+            return True
+        removed = backend.remove_held(task_id)
+        self._book_tasks.pop(task_id, None)
+        if self._key_of:
+            self.book.forget_key(task_id)
+        return removed
 
     async def give_up(self, task_id: str, data: bytes, exc: BaseException, task_class: str,
                       attempts: int, enqueued_at: int | None = None) -> bool:

@@ -167,6 +167,14 @@ class Postgres:
         tid = check_task_id(task_id)
         if sync is not True and sync is not False:
             raise ValueError(f"sync must be a bool, not {type(sync).__name__}")
+        self._remove(tid)
+
+    def remove_held(self, task_id: str) -> bool:
+        """Implements C-36: ``remove_task``, saying whether a task was removed (False when
+        another worker holds it under a live lease, P-41, or it is gone)."""
+        return self._remove(check_task_id(task_id))
+
+    def _remove(self, tid: str) -> bool:
         owner = self.owner if self._claiming else None
         try:
             removed = self._do("remove a task", lambda c: _pgclaims.remove(
@@ -174,11 +182,11 @@ class Postgres:
         except PostgresError:
             self._let_go(tid)
             raise
-        if removed:
-            with self._lock:
-                self._written += 1
         with self._lock:
+            if removed:
+                self._written += 1
             self._held.discard(tid)
+        return removed
 
     def _let_go(self, task_id: str | None) -> None:
         """Implements P-25 for a task that is done here, or whose removal, re-add or give-up

@@ -168,3 +168,6 @@ class ClaimingBackend(Backend, Protocol):
 
     def wake(self) -> None:
         """Make a ``wait_for_tasks`` in progress return at once (thread-safe)."""
+
+    def remove_held(self, task_id: str) -> bool:
+        """Remove a task unless another worker holds it under a live lease; whether it was."""
