@@ -115,6 +115,7 @@ class Journal:
         else:
             disk.remove_task(task_id, sync=False)
             self._flush_later(disk)
+        # ``_forget``, inline: this runs once per completed task (the Queue's hot path).
         self._book_tasks.pop(task_id, None)
         if self._key_of:
             self.book.forget_key(task_id)  # its unique key is free again (Q-54)
@@ -127,10 +128,14 @@ class Journal:
             self.remove(task_id)
             return True
         removed = backend.remove_held(task_id)
+        self._forget(task_id)
+        return removed
+
+    def _forget(self, task_id: str) -> None:
+        """The task left this queue: no status to answer (Q-58), its unique key free (Q-54)."""
         self._book_tasks.pop(task_id, None)
         if self._key_of:
             self.book.forget_key(task_id)
-        return removed
 
     async def give_up(self, task_id: str, data: bytes, exc: BaseException, task_class: str,
                       attempts: int, enqueued_at: int | None = None) -> bool:
