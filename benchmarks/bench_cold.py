@@ -159,6 +159,10 @@ def bench_cold(cfg: Config, scratch: Scratch, res: Results) -> None:
     rows: list[tuple[str, str, str, str, Target]] = [
         ("cold_list_newest", f"list newest {PAGE} of {size}, cold (fresh process)", "newest", "",
          Target("<= 2x SQLite (cold)", (Check("sqlite", 2.0),))),
+        ("cold_list_offset_first",
+         f"list {PAGE} at offset {off:,} of {size}, cold, no index cache (fresh process)",
+         "offset-first", str(off),
+         Target("<= 3x raw forward scan (cold)", (Check("raw", 3.0),))),
         ("cold_list_offset", f"list {PAGE} at offset {off:,} of {size}, cold (fresh process)",
          "offset", str(off), Target("<= 3x raw forward scan (cold)", (Check("raw", 3.0),))),
         ("cold_find_recent", f"find recent id of {size}, cold (fresh process)", "find", recent,
@@ -205,6 +209,7 @@ def bench_cold(cfg: Config, scratch: Scratch, res: Results) -> None:
         scratch.remove(sqlite_dir)
 
 
-COLD_ROW_KEYS: tuple[str, ...] = ("cold_list_newest", "cold_list_offset", "cold_find_recent",
+COLD_ROW_KEYS: tuple[str, ...] = ("cold_list_newest", "cold_list_offset_first",
+                                  "cold_list_offset", "cold_find_recent",
                                   "cold_find_missing", "cold_stats", "cold_cli_list")
 COLD: dict[str, Callable[[Config, Scratch, Results], None]] = {"cold": bench_cold}

@@ -2,6 +2,9 @@
 
 Usage: python bench_cold_child.py SIDE OP STORE SQLITE_DIR ARG [--peak]
 
+OP ``offset-first`` is ``offset`` with deferq's index cache removed first (untimed), so
+the call reads the page by building the index and writing the cache (S-72).
+
 Imports happen first and are not timed (bench_import.py measures them); then the clock
 starts before the store, file or connection is opened and stops after the first call
 returns: what an operator command pays besides its start-up. Prints one JSON object:
@@ -23,7 +26,7 @@ import bench_reads as rd  # noqa: E402
 import bench_sqlite as sq  # noqa: E402
 from bench_common import PAGE, PREFIX  # noqa: E402
 from deferq._cli.dead import DeadStoreView  # noqa: E402
-from deferq._core.names import dead_data_name  # noqa: E402
+from deferq._core.names import dead_cache_name, dead_data_name  # noqa: E402
 from deferq._runtime.operator import Operator  # noqa: E402
 
 CHUNK = 1 << 20
@@ -84,7 +87,7 @@ def run(side: str, op: str, store: str, sqlite_dir: str, arg: str) -> object:
             operator = Operator(view)
             if op == "newest":
                 return [t.id for t in operator.list_dead(limit=PAGE)]
-            if op == "offset":
+            if op in ("offset", "offset-first"):
                 return [t.id for t in operator.list_dead(limit=PAGE, offset=int(arg))]
             if op == "find":
                 task = operator.find_dead(arg)
@@ -96,7 +99,7 @@ def run(side: str, op: str, store: str, sqlite_dir: str, arg: str) -> object:
     if side == "raw":
         if op == "newest":
             return [i for i, _ in rd.raw_list(data_path, PAGE, 0)]
-        if op == "offset":
+        if op in ("offset", "offset-first"):
             return raw_forward_page(data_path, PAGE, int(arg))
         if op == "find":
             found = rd.raw_find(data_path, arg)
@@ -108,7 +111,7 @@ def run(side: str, op: str, store: str, sqlite_dir: str, arg: str) -> object:
         try:
             if op == "newest":
                 return [i for i, _ in sq.list_dead(conn, PAGE, 0)]
-            if op == "offset":
+            if op in ("offset", "offset-first"):
                 return [i for i, _ in sq.list_dead(conn, PAGE, int(arg))]
             if op == "find":
                 found = sq.find_dead(conn, arg)
@@ -128,6 +131,10 @@ def run(side: str, op: str, store: str, sqlite_dir: str, arg: str) -> object:
 def main(argv: list[str]) -> int:
     side, op, store, sqlite_dir, arg = argv[:5]
     peak = "--peak" in argv[5:]
+    if side == "deferq" and op == "offset-first":  # no index cache yet: this call builds it
+        cache = os.path.join(store, dead_cache_name(PREFIX))
+        if os.path.exists(cache):
+            os.unlink(cache)
     if peak:
         tracemalloc.start()
     start = time.perf_counter()

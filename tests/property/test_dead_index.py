@@ -26,6 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deferq._engine import deadindex as _deadindex
+from deferq._engine import deadpages as _deadpages
+from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.deadindex import DeadIndex, NeedleScan, dead_line, fast_dead_id
 from deferq._engine.env import FileStat, OpenFlag
 from deferq._core.deadcodec import _decode_dead_exact, decode_dead_line, encode_dead
@@ -239,7 +241,14 @@ def run(steps: list[tuple[object, ...]]) -> tuple[int, int]:
                 reads += 1
                 data = file_bytes(raw)
                 with captured() as handler:
-                    if kind == "list":
+                    if kind == "page":  # a process with no index of its own (S-72)
+                        _, offset, limit, stepped = step
+                        mine._dead._drop_index()
+                        got = (list(mine._dead.iter_tasks(int(str(offset)), int(str(limit))))
+                               if stepped else mine.list_dead_tasks(
+                                   limit=int(str(limit)), offset=int(str(offset))))
+                        want = reference_list(data, int(str(offset)), int(str(limit)))
+                    elif kind == "list":
                         _, offset, limit = step
                         got = mine.list_dead_tasks(limit=limit,  # type: ignore[arg-type]
                                                    offset=offset)  # type: ignore[arg-type]
@@ -265,6 +274,25 @@ def run(steps: list[tuple[object, ...]]) -> tuple[int, int]:
 def test_every_read_equals_the_line_by_line_scan_of_the_file_as_it_is(
         steps: list[tuple[object, ...]]) -> None:
     run(steps)
+
+
+page_ops = st.one_of(ops, st.tuples(st.just("page"), st.integers(0, 6), st.integers(1, 4),
+                                     st.booleans()))
+
+
+@pytest.mark.slow
+@pytest.mark.spec("S-65", "S-67", "S-68", "S-69", "S-70", "S-74", "S-72", "S-73", "F-60")
+@settings(max_examples=300)
+@given(st.lists(page_ops, max_size=40), st.integers(0, 400), st.integers(1, 300))
+def test_every_page_through_the_index_cache_equals_the_scan_of_the_file_as_it_is(
+        steps: list[tuple[object, ...]], tail_max: int, step_bytes: int) -> None:
+    """Every page is a deep page here: read through the cache (with the tail appended
+    since it was written, under any tail limit), or built in steps of any size."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DeadTaskStore, "_cache_offset_min", 0)
+        patch.setattr(DeadTaskStore, "_cache_tail_max", tail_max)
+        patch.setattr(_deadpages, "DEAD_READ_STEP_BYTES", step_bytes)
+        run(steps)
 
 
 @pytest.mark.spec("S-10", "S-11")

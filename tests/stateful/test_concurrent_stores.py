@@ -28,7 +28,9 @@ import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
+from deferq._engine import deadpages as _deadpages
 from deferq._engine import wal as _wal
+from deferq._engine.deadstore import DeadTaskStore
 from deferq._core.errors import DeadTasksLockTimeout
 from deferq._core.model import Crash as ModelCrash
 from deferq._core.model import Dead, Pending, StorageModel
@@ -60,6 +62,8 @@ ops = st.one_of(
               st.lists(st.sampled_from([*DEAD_POOL, "unknown-1"]), min_size=1, max_size=3)),
     st.tuples(st.just("list"), st.one_of(st.none(), st.integers(0, 3)), st.integers(0, 2)),
     st.tuples(st.just("find"), st.sampled_from(DEAD_POOL)),
+    # S-72: a deep page of the operators' read, by a process without an index of its own.
+    st.tuples(st.just("page"), st.integers(1, 3), st.integers(1, 2)),
 )
 
 
@@ -171,10 +175,15 @@ class World:
                     f"D-11/S-5: removed {found}, model says {expected}"
                 model.acked(model.remove_dead(ids))
                 self.dead_order = [i for i in self.dead_order if i not in ids]
-            elif kind == "list":
+            elif kind in ("list", "page"):
                 limit, offset = op[1], op[2]
                 assert (limit is None or isinstance(limit, int)) and isinstance(offset, int)
-                listed = disk.list_dead_tasks(limit=limit, offset=offset)
+                if kind == "page":
+                    assert limit is not None
+                    disk._dead._drop_index()
+                    listed = list(disk._dead.iter_tasks(offset, limit))
+                else:
+                    listed = disk.list_dead_tasks(limit=limit, offset=offset)
                 if self.dead_ambiguous:
                     return
                 end = None if limit is None else offset + limit
@@ -245,7 +254,8 @@ def _prepare_orphan(world: World, env: SimEnv) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.spec("D-11", "L-1", "D-1", "D-3", "D-4", "D-7", "D-9", "D-12", "W-27", "W-4", "A-11")
+@pytest.mark.spec("D-11", "L-1", "D-1", "D-3", "D-4", "D-7", "D-9", "D-12", "W-27", "W-4", "A-11",
+                  "S-73")
 @given(
     seed=st.integers(0, 2**16),
     plans=st.lists(st.lists(ops, min_size=1, max_size=6), min_size=2, max_size=3),
@@ -283,6 +293,10 @@ def run_concurrently(seed: int, plans: list[list[Op]], frequencies: list[float],
     with pytest.MonkeyPatch.context() as patch:
         # Small WALs rotate (W-9, W-10), so a booting worker can race a rotation (W-27).
         patch.setattr(_wal, "WAL_SIZE_LIMIT_BYTES", ROTATE_LIMIT)
+        # S-65..S-74: pages past the first go through the index cache, built in small steps.
+        patch.setattr(DeadTaskStore, "_cache_offset_min", 1)
+        patch.setattr(DeadTaskStore, "_cache_tail_max", 300)
+        patch.setattr(_deadpages, "DEAD_READ_STEP_BYTES", 256)
         _run(seed, plans, frequencies, boot, choices, max_steps, power, kill, work_around)
 
 

@@ -40,7 +40,9 @@ from hypothesis.stateful import (
     rule,
 )
 
+from deferq._engine import deadpages as _deadpages
 from deferq._engine import wal as _wal
+from deferq._engine.deadstore import DeadTaskStore
 from deferq._core.model import Crash as ModelCrash
 from deferq._core.model import Dead, Pending, StorageModel
 from deferq._core.names import dead_data_name, is_wal_file_name
@@ -103,6 +105,11 @@ class StorageMachine(RuleBasedStateMachine):
         super().__init__()
         self._patch = pytest.MonkeyPatch()
         self._patch.setattr(_wal, "WAL_SIZE_LIMIT_BYTES", self.rotate_limit)
+        # S-65..S-74: every page past the first goes through the index cache, whose tail limit
+        # and build steps are small enough that the machine meets each of their paths.
+        self._patch.setattr(DeadTaskStore, "_cache_offset_min", 1)
+        self._patch.setattr(DeadTaskStore, "_cache_tail_max", 300)
+        self._patch.setattr(_deadpages, "DEAD_READ_STEP_BYTES", 256)
         self.sim = SimDisk(0)
         self.model = StorageModel()
         self.workers: dict[str, Worker] = {}
@@ -417,6 +424,19 @@ class StorageMachine(RuleBasedStateMachine):
                         task.exception_message) == model[task.id]
 
     @precondition(lambda self: len(self.workers) > 0 and not self.dead_ambiguous)
+    @rule(slot=slots, limit=st.integers(1, 4), offset=st.integers(1, 4), fresh=st.booleans())
+    def list_dead_page_stepped(self, slot: int, limit: int, offset: int, fresh: bool) -> None:
+        """S-72: a deep page of the operators' read: the index, the cache, or a build.
+
+        ``fresh``: the worker forgets its index first, as a new process has none, so the
+        page comes from the cache (with the tail appended since) or from a build."""
+        store = self._pick(slot).disk._dead
+        if fresh:
+            store._drop_index()
+        listed = list(store.iter_tasks(offset, limit))
+        assert [t.id for t in listed] == self.dead_order[offset:offset + limit], "S-65 page"
+
+    @precondition(lambda self: len(self.workers) > 0 and not self.dead_ambiguous)
     @rule(slot=slots, task_id=st.one_of(st.sampled_from(DEAD_POOL), tasks))
     def find_dead_task(self, slot: int, task_id: str) -> None:
         found = self._pick(slot).disk.find_dead_task(task_id)
@@ -441,7 +461,7 @@ class StorageMachine(RuleBasedStateMachine):
     @rule(target=tasks, slot=slots,
           point=st.one_of(st.integers(1, 24), st.sampled_from(CRASH_OPS)), after=st.booleans(),
           kind=st.sampled_from(["add", "remove", "give_up", "dead_add", "dead_remove", "sync",
-                                "close", "sweep"]),
+                                "close", "sweep", "dead_page"]),
           data=st.data())
     def crash_mid_operation(self, slot: int, point: int | str, after: bool, kind: str,
                             data: st.DataObject) -> object:
@@ -505,6 +525,8 @@ class StorageMachine(RuleBasedStateMachine):
                 worker.disk.remove_dead_tasks(ids)
             elif kind == "sync":
                 worker.disk.sync()
+            elif kind == "dead_page":  # S-71, S-73: a crash while the cache is built or written
+                list(worker.disk._dead.iter_tasks(1, 2))
             else:
                 worker.disk.close()
         except SimulatedCrash:
@@ -618,7 +640,8 @@ class RotatingMachine(StorageMachine):
 
 TestStorageMachine = pytest.mark.slow(pytest.mark.spec(
     "D-1", "D-2", "D-3", "D-4", "D-7", "D-9", "D-12", "D-13", "W-4", "W-6", "W-7", "W-9",
-    "W-10", "A-11", "D-15", "W-24", "D-21", "W-30", "W-32")(StorageMachine.TestCase))
+    "W-10", "A-11", "D-15", "W-24", "D-21", "W-30", "W-32", "S-65", "S-71", "S-72",
+    "S-73")(StorageMachine.TestCase))
 TestStorageMachine.settings = machine_settings(max_examples=150, stateful_step_count=50)
 
 

@@ -33,12 +33,13 @@ EXPECTED_ROWS = {
     "dead_find_oldest_cold", "dead_find_missing_cold", "dead_remove_1", "dead_remove_many",
     "replay", "replay_rotated",
     # Issue #17 item 8: cold operator reads, each sample a fresh process.
-    "cold_list_newest", "cold_list_offset", "cold_find_recent", "cold_find_missing",
-    "cold_stats", "cold_cli_list",
+    "cold_list_newest", "cold_list_offset_first", "cold_list_offset", "cold_find_recent",
+    "cold_find_missing", "cold_stats", "cold_cli_list",
 }
 EXPECTED_MEMORY = {"dead_list_newest", "dead_list_offset", "dead_find_recent",
                    "dead_find_oldest", "dead_find_missing", "replay",
-                   "cold_list_newest", "cold_list_offset", "cold_find_recent",
+                   "cold_list_newest", "cold_list_offset_first", "cold_list_offset",
+                   "cold_find_recent",
                    "cold_find_missing", "cold_stats"}
 
 

@@ -44,6 +44,10 @@ WRITE_BATCH_BYTES: Final = 256 * 1024
 # reads while holding the locks, and how many compactions one read survives.
 DEAD_READ_STEP_BYTES: Final = 1024 * 1024
 DEAD_READ_RESTARTS_MAX: Final = 8
+# --- The dead-task index cache (S-65..S-74): the least offset a page is read through it at,
+# and the most bytes appended since it was written that a reader indexes for itself.
+DEAD_CACHE_OFFSET_MIN: Final = 1000
+DEAD_CACHE_TAIL_BYTES_MAX: Final = 1024 * 1024
 # W-35: orphan WAL files a worker holds open at once while it adopts them (plus its own copy).
 ADOPT_FILES_MAX: Final = 64
 

@@ -77,6 +77,11 @@ def dead_tmp_name(prefix: str) -> str:
     return f"{dead_data_name(prefix)}.tmp"
 
 
+def dead_cache_name(prefix: str) -> str:
+    """The dead-task store's index cache, never a source of truth (F-60)."""
+    return f"{dead_data_name(prefix)}.index"
+
+
 def schedules_data_name(prefix: str) -> str:
     """The periodic schedules' record file, replaced whole by a rename (F-42)."""
     return f"{prefix}schedules-1"

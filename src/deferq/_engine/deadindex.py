@@ -31,7 +31,10 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import accumulate, repeat
+from operator import add
 
+from deferq._core.deadbatch import check_run
 from deferq._core.deadcodec import DeadLine, decode_dead_line
 from deferq._core.frame import CRC_HEX_BYTES, HEADER_BYTES, BadLine
 from deferq._core.limits import LINE_BYTES_MAX, READ_CHUNK_BYTES, TASK_ID_BYTES_MAX
@@ -86,6 +89,24 @@ def fast_dead_id(line: bytes) -> str | None:
     return None if raw_id is None else raw_id.decode("ascii")
 
 
+def index_matches(env: Env, fd: int, stat: FileStat, lock_ctime_ns: int,
+                  built: tuple[object, object, object, int, int, object]) -> bool:
+    """Implements S-45: is ``fd`` the file an index of ``built`` describes?
+
+    ``built`` is (device, inode, lock ctime, indexed end, check start, check CRC).
+    """
+    device, inode, built_ctime, end, check_start, check_crc = built
+    if (stat.device, stat.inode) != (device, inode):
+        return False  # another file (a compaction's rename, a re-creation)
+    if stat.size < end or lock_ctime_ns != built_ctime:
+        return False  # cut into the indexed bytes, or a compaction happened (S-9)
+    if end:
+        window = env.pread(fd, end - check_start, check_start)
+        if len(window) != end - check_start or zlib.crc32(window) != check_crc:
+            return False  # the indexed bytes were replaced (inode number reused)
+    return True
+
+
 class StaleIndex(Exception):
     """A record read through the index is not the record the index names (S-10)."""
 
@@ -127,15 +148,9 @@ class DeadIndex:
 
     def usable(self, env: Env, fd: int, stat: FileStat, lock_ctime_ns: int) -> bool:
         """Implements S-10: may this index describe the data file open as ``fd``?"""
-        if (stat.device, stat.inode) != (self.device, self.inode):
-            return False  # another file (a compaction's rename, a re-creation)
-        if stat.size < self.end or lock_ctime_ns != self.lock_ctime_ns:
-            return False  # cut into the indexed bytes, or a compaction happened (S-9)
-        if self.end:
-            window = env.pread(fd, self.end - self.check_start, self.check_start)
-            if len(window) != self.end - self.check_start or zlib.crc32(window) != self.check_crc:
-                return False  # the indexed bytes were replaced (inode number reused)
-        return True
+        return index_matches(env, fd, stat, lock_ctime_ns, (
+            self.device, self.inode, self.lock_ctime_ns, self.end, self.check_start,
+            self.check_crc))
 
     # ------------------------------------------------------------------ building
 
@@ -156,6 +171,12 @@ class DeadIndex:
                 last_start = spanning.offset
                 self._add_line(spanning, base + pos - 1 - last_start)
             clean = b"\0" not in chunk
+            if clean and pos < end:  # S-40: the chunk's own lines checked as one run
+                run = check_run(b"\n" + chunk[pos:end])
+                if run is not None:
+                    self._add_run(run[0], run[1], base + pos)
+                    last_start = self.offs[-1]
+                    pos = end
             while pos < end:
                 newline = chunk.find(b"\n", pos)
                 short = newline - pos <= LINE_BYTES_MAX
@@ -198,6 +219,27 @@ class DeadIndex:
         self._add_damage(Damage(record_start if found else seen, seen, size, faults, True))
         if found is not None and body is not None:
             self._add_record(found.task_id, record_start, len(body))
+
+    def _add_run(self, raw_ids: list[bytes], payloads: list[bytes], start: int) -> None:
+        """Index the records of a run ``check_run`` vouched for, the first one at ``start``.
+
+        Each line is ``ID_START`` bytes of header and tag, the id, ``:`` and the payload;
+        the lists are walked by C-level maps, not by a loop per record.
+        """
+        count = len(raw_ids)
+        lens = list(map(add, map(add, map(len, raw_ids), map(len, payloads)),
+                        repeat(ID_START + 1)))
+        offs = list(accumulate(map(add, lens, repeat(1)), initial=start))
+        del offs[count]
+        first = len(self.offs)
+        self.offs.extend(offs)
+        self.lens.extend(lens)
+        names = list(map(bytes.decode, raw_ids))  # ASCII: check_run's pattern
+        self.ids.extend(names)
+        latest = self.latest
+        before = len(latest)
+        latest.update(zip(names, range(first, first + count)))
+        self.stale += count - (len(latest) - before)
 
     def _add_damage(self, damage: Damage) -> None:
         self.damage.append(damage)

@@ -67,6 +67,10 @@ class DeadReads:
         def _locked(self, operation: str) -> contextlib.AbstractContextManager[None]: ...
         def _check_usable(self) -> None: ...
         def _open_data(self, flags: OpenFlag) -> int | None: ...
+        def _deep_offset(self, offset: int, limit: int | None) -> bool: ...
+        def _deep_page(self, offset: int, limit: int) -> list[DeadTask] | None: ...
+        def _cached_list(self, fd: int, stat: FileStat, offset: int,
+                         limit: int) -> list[DeadTask] | None: ...
 
     # ------------------------------------------------------------------ the index
 
@@ -123,6 +127,11 @@ class DeadReads:
                         return self._list_indexed(index, fd, stat.size, offset, limit)
                     except StaleIndex:
                         self._drop_index()
+                if self._deep_offset(offset, limit):
+                    assert limit is not None
+                    page = self._cached_list(fd, stat, offset, limit)  # S-66
+                    if page is not None:
+                        return page
                 return self._scan_newest_first(fd, stat.size, offset, limit)
             finally:
                 env.close(fd)
@@ -247,6 +256,11 @@ class DeadReads:
         met. Damage is reported once, when the iterator ends or is closed (S-7).
         """
         self._check_usable()
+        if self._deep_offset(offset, limit):  # S-72
+            assert limit is not None
+            page = self._deep_page(offset, limit)
+            if page is not None:
+                return iter(page)
         return stepped_tasks(
             lambda: SteppedBlocks(self._env, self._data, self._lock_fd, self._locked),
             Tally(skip=offset, take=-1 if limit is None else limit),

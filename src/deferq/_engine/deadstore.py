@@ -44,11 +44,12 @@ import contextlib
 
 from deferq._core.errors import StorageBrokenError, StorageClosedError
 from deferq._core.limits import FILE_MODE
-from deferq._core.names import dead_data_name, dead_lock_name, dead_tmp_name
+from deferq._core.names import dead_cache_name, dead_data_name, dead_lock_name, dead_tmp_name
 from deferq._engine.compact import DeadCompaction
 from deferq._engine.deadadds import DeadAdds, _AddRequest
 from deferq._engine.deadindex import DeadIndex
 from deferq._engine.deadlock import DeadLock, Held
+from deferq._engine.deadpages import DeadDeepPages
 from deferq._engine.deadreads import DeadReads
 from deferq._engine.env import Env, OpenFlag
 from deferq._engine.io import join
@@ -73,7 +74,7 @@ def ancestors(path: str) -> list[str]:
             return out
 
 
-class DeadTaskStore(DeadAdds, DeadReads, DeadCompaction):
+class DeadTaskStore(DeadAdds, DeadReads, DeadDeepPages, DeadCompaction):
     """The shared dead-task store of one storage directory and prefix. Thread-safe."""
 
     _index_class: type[DeadIndex] = DeadIndex  # S-10 (a mutant swaps it for a weaker one)
@@ -85,6 +86,7 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadCompaction):
         self._path = path
         self._data = join(path, dead_data_name(prefix))
         self._tmp = join(path, dead_tmp_name(prefix))
+        self._cache = join(path, dead_cache_name(prefix))
         self._closed = False
         self._broken = False
         self._pid = env.getpid()

@@ -1,0 +1,199 @@
+"""Deep pages of the dead-task store: through the index cache, or by building it (S-65..S-74).
+
+Rules: a page at ``offset`` of ``DEAD_CACHE_OFFSET_MIN`` places or more is read, under
+the store's locks, through the per-process index when one is usable (S-11), else
+through the index cache (``deadcache.py``) when it is usable and its tail is short
+(S-66..S-70), else by building the index in lock steps of ``DEAD_READ_STEP_BYTES``,
+writing the cache and reading the page through the new index (S-72). The result is
+always the page the scan of S-6 returns on the same file (S-11, S-65).
+
+Theory of operation: every other read is unchanged: the newest pages are cheaper to
+scan than to look up, and a shallow page costs a scan of the few records before it.
+Why a mixin of ``deadstore.DeadTaskStore``: it shares the store's index, locks and
+reporting with ``deadreads.DeadReads`` (whose methods it calls through ``self``), and
+the crash catalogue's mutants reach it through the same overrides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from deferq._core.deadcodec import decode_dead_record
+from deferq._core.frame import BadLine
+from deferq._core.limits import (
+    DEAD_CACHE_OFFSET_MIN,
+    DEAD_CACHE_TAIL_BYTES_MAX,
+    DEAD_READ_RESTARTS_MAX,
+    DEAD_READ_STEP_BYTES,
+)
+from deferq._core.types import DeadTask
+from deferq._engine.deadindex import DeadIndex, StaleIndex
+from deferq._engine.env import Env, FileStat, OpenFlag
+from deferq._engine.lazylog import Log
+
+log = Log("deferq")
+
+
+class DeadDeepPages:
+    """The deep pages of ``DeadTaskStore`` (S-65..S-74)."""
+
+    _env: Env
+    _cache: str  # the index cache's path (F-60)
+    _lock_fd: int
+    _index: DeadIndex | None
+    _index_class: type[DeadIndex]
+    #: The least offset read through the cache (tests lower it to reach every path).
+    _cache_offset_min: int = DEAD_CACHE_OFFSET_MIN
+    #: The most bytes appended since the cache was written that a read indexes itself (S-68).
+    _cache_tail_max: int = DEAD_CACHE_TAIL_BYTES_MAX
+
+    if TYPE_CHECKING:  # defined by DeadTaskStore and DeadReads
+        def _locked(self, operation: str) -> contextlib.AbstractContextManager[None]: ...
+        def _open_data(self, flags: OpenFlag) -> int | None: ...
+        def _drop_index(self) -> None: ...
+        def _report(self, corrupt: int, undecodable: list[str]) -> None: ...
+        def _checked_index(self, fd: int, stat: FileStat, *,
+                           build: bool = False) -> DeadIndex | None: ...
+        def _list_indexed(self, index: DeadIndex, fd: int, size: int, offset: int,
+                          limit: int | None) -> list[DeadTask]: ...
+
+    def _deep_offset(self, offset: int, limit: int | None) -> bool:
+        return limit is not None and limit > 0 and offset >= self._cache_offset_min
+
+    # ------------------------------------------------------------------ the cache
+
+    def _save_cache(self, index: DeadIndex) -> None:
+        """Implements S-71: write the cache of a usable ``index``, best effort, under the locks."""
+        from deferq._engine.deadcache import write_cache  # a deep page's module, loaded by one
+
+        try:
+            write_cache(self._env, self._cache, index)
+        except OSError as exc:
+            log.info("Could not write the dead-task index cache %s: %s", self._cache, exc)
+            with contextlib.suppress(OSError):
+                self._env.unlink(self._cache + ".tmp")
+
+    def _cached_list(self, fd: int, stat: FileStat, offset: int,
+                     limit: int) -> list[DeadTask] | None:
+        """Implements S-66..S-70: the page read through the cache, or None when it is unusable."""
+        # Loaded here: the commands that never read a deep page (most) do not pay for it.
+        from deferq._engine.deadcache import CachedIndex, StaleCache, page_records, read_page
+
+        env = self._env
+        try:
+            cache = CachedIndex.open(env, self._cache)
+        except OSError as exc:  # not a regular file, not ours, unreadable (F-27)
+            log.warning("Ignoring the dead-task index cache %s: %s", self._cache, exc)
+            return None
+        if cache is None:
+            return None
+        try:
+            lock_ctime = env.fstat(self._lock_fd).ctime_ns
+            if not cache.usable(env, fd, stat, lock_ctime):
+                return None
+            if stat.size - cache.end > self._cache_tail_max:
+                return None
+            tail = self._index_class(stat, lock_ctime)
+            tail.end = cache.end
+            tail.extend(env, fd, stat.size)
+            records, stop = page_records(env, fd, cache, tail, offset, limit)
+            out: list[DeadTask] = []
+            undecodable: list[str] = []
+            for task_id, payload in read_page(env, fd, records, tail.latest):
+                task = decode_dead_record(task_id, payload)
+                if isinstance(task, BadLine):
+                    undecodable.append(task_id)
+                else:
+                    out.append(task)
+            key = 0 if stop is None else stop
+            corrupt = (1 if stat.size > tail.end else 0) + sum(
+                damage.faults for damage in tail.damage_from(key)) + sum(
+                damage.faults for damage in cache.damage() if damage.key >= key)
+        except StaleCache:
+            return None
+        finally:
+            cache.close()
+        self._report(corrupt, undecodable)
+        return out
+
+    # ------------------------------------------------------------------ a deep page
+
+    def _deep_page(self, offset: int, limit: int) -> list[DeadTask] | None:
+        """Implements S-72: the page through the index or the cache, building both if needed.
+
+        None when the data file is missing or the build could not finish (the caller
+        then reads the page in lock steps, S-27).
+        """
+        env = self._env
+        with self._locked("read tasks from"):
+            fd = self._open_data(OpenFlag.READ)
+            if fd is None:
+                return None
+            try:
+                stat = env.fstat(fd)
+                index = self._checked_index(fd, stat)
+                if index is not None:
+                    try:
+                        return self._list_indexed(index, fd, stat.size, offset, limit)
+                    except StaleIndex:
+                        self._drop_index()
+                page = self._cached_list(fd, stat, offset, limit)
+                if page is not None:
+                    return page
+            finally:
+                env.close(fd)
+        built = self._build_in_steps()
+        if built is None:
+            return None
+        with self._locked("read tasks from"):
+            fd = self._open_data(OpenFlag.READ)
+            if fd is None:
+                return None
+            try:
+                stat = env.fstat(fd)
+                if not built.usable(env, fd, stat, env.fstat(self._lock_fd).ctime_ns):
+                    return None
+                built.extend(env, fd, stat.size)
+                self._index = built
+                self._save_cache(built)
+                try:
+                    return self._list_indexed(built, fd, stat.size, offset, limit)
+                except StaleIndex:
+                    self._drop_index()
+                    return None
+            finally:
+                env.close(fd)
+
+    def _build_in_steps(self) -> DeadIndex | None:
+        """Implements S-73: the index of the whole file, built forward in lock steps.
+
+        Each step checks the file as S-45 says and indexes at most about
+        ``DEAD_READ_STEP_BYTES`` more (twice that after a step that found no newline);
+        a failed check starts over, at most ``DEAD_READ_RESTARTS_MAX`` times.
+        """
+        env = self._env
+        for _ in range(DEAD_READ_RESTARTS_MAX):
+            index: DeadIndex | None = None
+            step = DEAD_READ_STEP_BYTES
+            while True:
+                with self._locked("read tasks from"):
+                    fd = self._open_data(OpenFlag.READ)
+                    if fd is None:
+                        return None
+                    try:
+                        stat = env.fstat(fd)
+                        lock_ctime = env.fstat(self._lock_fd).ctime_ns
+                        if index is None:
+                            index = self._index_class(stat, lock_ctime)
+                        elif not index.usable(env, fd, stat, lock_ctime):
+                            break  # compacted or replaced meanwhile: start over
+                        before = index.end
+                        target = min(stat.size, before + step)
+                        index.extend(env, fd, target)
+                        if target == stat.size:
+                            return index
+                        step = DEAD_READ_STEP_BYTES if index.end > before else 2 * step
+                    finally:
+                        env.close(fd)
+        return None

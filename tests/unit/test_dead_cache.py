@@ -1,0 +1,335 @@
+"""The dead-task store's index cache: deep pages in a fresh process (S-65..S-74, F-60).
+
+Goal: a page at a deep offset read by a process with no index of its own comes from the
+cache beside the store when the cache is right, and is exactly the scan's page whatever
+the cache holds: torn, truncated, planted, stale after a compaction, out of date by more
+than its tail limit, or lying about a record with a valid CRC of its own. Building it
+happens in lock steps, writing it never fails a read, and a read through it holds memory
+bounded by the page, not by the store. Method: real files in ``tmp_path``; the store's
+own view (``DeadStoreView``, as the CLI opens it) with its cache settings lowered where
+a test needs many pages; ``RecordingEnv`` counts reads and lock holds; the real CLI runs
+in subprocesses for the fresh-process rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import subprocess
+import sys
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import pytest
+
+from deferq._cli.dead import DeadStoreView
+from deferq._core.deadcodec import encode_dead
+from deferq._core.names import dead_cache_name, dead_data_name
+from deferq._core.types import DeadTask
+from deferq._engine import deadpages as _deadpages
+from deferq._engine.deadcache import CachedIndex
+from deferq._engine.deadindex import DeadIndex
+from deferq._engine.deadstore import DeadTaskStore
+from deferq._engine.osenv import DirEnv
+from deferq.backends import Disk
+
+PREFIX = "deferred-"
+DATA = dead_data_name(PREFIX)
+CACHE = dead_cache_name(PREFIX)
+
+
+def dead(task_id: str, variant: int = 0) -> DeadTask:
+    return DeadTask(id=task_id, task_class="job.T", attempts=1 + variant % 3, enqueued_at=1,
+                    failed_at=2, exception_class="ValueError", exception_message=f"m{variant}",
+                    backtrace=("f",), context=b"ctx-" + task_id.encode())
+
+
+def make_store(tmp_path: Path, ids: list[str]) -> Path:
+    """A store written as a worker would leave it: the data file and its lock file."""
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700, parents=True)
+    (store / DATA).write_bytes(b"".join(encode_dead(dead(i, n)) for n, i in enumerate(ids)))
+    (store / "deferred-dead_tasks.lock").touch(mode=0o600)
+    return store
+
+
+def scan_page(store: Path, offset: int, limit: int) -> list[str]:
+    """The page of S-6 by the scan: a store whose cache offset is never reached."""
+    view = DeadStoreView(str(store), PREFIX, read_only=True)
+    try:
+        assert view._store is not None
+        view._store._cache_offset_min = 10**9
+        return [t.id for t in view.iter_dead_tasks(offset=offset, limit=limit)]
+    finally:
+        view.close()
+
+
+def cold_page(store: Path, offset: int, limit: int) -> tuple[list[str], int]:
+    """A page read by a fresh view, as a CLI call does, and how many builds it ran."""
+    view = DeadStoreView(str(store), PREFIX, read_only=True)
+    builds: list[int] = []
+    try:
+        assert view._store is not None
+        inner = view._store._build_in_steps
+
+        def counted() -> DeadIndex | None:
+            builds.append(1)
+            return inner()
+
+        view._store._build_in_steps = counted  # type: ignore[method-assign]
+        return [t.id for t in view.iter_dead_tasks(offset=offset, limit=limit)], len(builds)
+    finally:
+        view.close()
+
+
+IDS = [f"t{n}" for n in range(3000)] + [f"t{n}" for n in range(0, 3000, 5)]  # 600 re-added
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return make_store(tmp_path, IDS)
+
+
+@pytest.mark.spec("S-65", "S-72", "S-71", "F-60")
+def test_the_first_deep_page_builds_the_cache_and_the_next_fresh_reader_uses_it(
+        store: Path) -> None:
+    assert not (store / CACHE).exists()
+    page, builds = cold_page(store, 2000, 50)
+    assert page == scan_page(store, 2000, 50) and len(page) == 50
+    assert builds == 1 and (store / CACHE).is_file()
+    assert not (store / (CACHE + ".tmp")).exists()
+    for offset in (1000, 1999, 2950, 2990, 3000):
+        page, builds = cold_page(store, offset, 50)
+        assert page == scan_page(store, offset, 50)
+        assert builds == 0, offset
+
+
+@pytest.mark.spec("S-65", "S-36")
+def test_a_page_below_the_cache_offset_neither_reads_nor_writes_the_cache(store: Path) -> None:
+    page, builds = cold_page(store, 999, 10)
+    assert page == scan_page(store, 999, 10) and builds == 0
+    assert not (store / CACHE).exists()
+
+
+@pytest.mark.spec("S-68", "S-69", "S-74")
+def test_records_added_since_the_cache_are_its_tail_and_supersede_their_cached_places(
+        store: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cold_page(store, 1500, 10)  # writes the cache
+    before = (store / CACHE).read_bytes()
+    disk = Disk(path=store, prefix=PREFIX, fsync_frequency=0)
+    try:
+        for n, task_id in enumerate(["t10", "t2999", "new-1", "t1500", "new-2", "t10"]):
+            disk._dead.add(dead(task_id, 100 + n))
+    finally:
+        disk.close()
+    with open(store / DATA, "ab") as f:
+        f.write(b"0123abcd:damaged line\npartial")  # a damaged line, then a torn tail
+    for offset in (1000, 1001, 1500, 2990, 2996, 3000):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="deferq"):
+            page, builds = cold_page(store, offset, 7)
+        assert page == scan_page(store, offset, 7), offset
+        assert builds == 0
+        # S-74: the damaged line and the torn tail lie after every page of these offsets.
+        assert "Detected 2 corrupted" in caplog.text
+    assert (store / CACHE).read_bytes() == before  # the tail is read, the cache not rewritten
+
+
+@pytest.mark.spec("S-68")
+def test_a_tail_longer_than_the_limit_rebuilds_the_cache(store: Path) -> None:
+    cold_page(store, 1500, 10)
+    first = CachedIndex.open(DirEnv(str(store)), str(store / CACHE))
+    assert first is not None
+    end = first.end
+    first.close()
+    with open(store / DATA, "ab") as f:
+        f.write(b"".join(encode_dead(dead(f"late-{n}")) for n in range(8000)))
+    assert os.path.getsize(store / DATA) - end > 1024 * 1024
+    page, builds = cold_page(store, 1500, 10)
+    assert page == scan_page(store, 1500, 10) and builds == 1
+    again = CachedIndex.open(DirEnv(str(store)), str(store / CACHE))
+    assert again is not None and again.end == os.path.getsize(store / DATA)
+    again.close()
+
+
+def damaged_caches(cache: bytes) -> dict[str, bytes]:
+    header = struct.calcsize("=8sIQQqQQIQQ")
+    return {
+        "empty": b"",
+        "torn": cache[:len(cache) // 2],
+        "one byte flipped": cache[:header + 3] + bytes([cache[header + 3] ^ 1]) + cache[header + 4:],
+        "wrong magic": b"X" + cache[1:],
+        "garbage": os.urandom(len(cache)),
+        "longer": cache + b"\0" * 8,
+    }
+
+
+@pytest.mark.spec("S-66")
+@pytest.mark.parametrize("kind", ["empty", "torn", "one byte flipped", "wrong magic", "garbage",
+                                  "longer"])
+def test_a_damaged_cache_is_ignored_and_rebuilt(store: Path, kind: str) -> None:
+    cold_page(store, 1500, 10)
+    (store / CACHE).write_bytes(damaged_caches((store / CACHE).read_bytes())[kind])
+    page, builds = cold_page(store, 1500, 10)
+    assert page == scan_page(store, 1500, 10) and builds == 1
+    assert CachedIndex.open(DirEnv(str(store)), str(store / CACHE)) is not None
+
+
+def recrc(cache: bytearray) -> bytes:
+    cache[-4:] = struct.pack("=I", zlib.crc32(bytes(cache[:-4])))
+    return bytes(cache)
+
+
+@pytest.mark.spec("S-70")
+@pytest.mark.parametrize("field", ["offset", "length", "swapped"])
+def test_a_cache_with_a_valid_crc_that_names_the_wrong_record_is_not_believed(
+        store: Path, field: str) -> None:
+    """A cache whose own CRC holds but whose entry names another record, a cut record or
+    another id: the read notices before decoding and answers as the scan does."""
+    cold_page(store, 1500, 10)
+    cache = bytearray((store / CACHE).read_bytes())
+    header = struct.calcsize("=8sIQQqQQIQQ")
+    places = struct.unpack_from("=Q", cache, header - 16)[0]
+    place = places - 1 - 1500  # the first place of the page (no tail, 600 superseded)
+    if field == "offset":
+        at = header + 8 * place
+        struct.pack_into("=q", cache, at, struct.unpack_from("=q", cache, at - 8)[0])
+    elif field == "length":
+        at = header + 8 * places + 8 * place
+        struct.pack_into("=q", cache, at, struct.unpack_from("=q", cache, at)[0] - 1)
+    else:  # two places swap records: each a valid record, each another id than its hash's
+        for column in (header, header + 8 * places):
+            a, b = column + 8 * place, column + 8 * (place - 1)
+            first, second = cache[a:a + 8], cache[b:b + 8]
+            cache[a:a + 8], cache[b:b + 8] = second, first
+    (store / CACHE).write_bytes(recrc(cache))
+    page, _ = cold_page(store, 1500, 10)
+    assert page == scan_page(store, 1500, 10)
+
+
+@pytest.mark.spec("S-67", "S-9")
+def test_a_cache_written_before_a_compaction_is_not_used_after_it(store: Path) -> None:
+    cold_page(store, 1500, 10)
+    disk = Disk(path=store, prefix=PREFIX, fsync_frequency=0)
+    try:
+        assert disk.remove_dead_tasks(["t5", "t6", "t1200"]) == 3
+    finally:
+        disk.close()
+    page, builds = cold_page(store, 1500, 10)
+    assert page == scan_page(store, 1500, 10) and builds == 1
+
+
+@pytest.mark.spec("S-67")
+def test_a_cache_of_another_file_with_the_same_bytes_at_the_end_is_not_used(
+        tmp_path: Path) -> None:
+    """The data file replaced by a copy (a new inode) that another program shortened."""
+    store = make_store(tmp_path, IDS)
+    cold_page(store, 1500, 10)
+    lines = (store / DATA).read_bytes().splitlines(keepends=True)
+    (store / "copy").write_bytes(b"".join(lines[:100] + lines[200:]))
+    os.rename(store / "copy", store / DATA)
+    page, builds = cold_page(store, 1500, 10)
+    assert page == scan_page(store, 1500, 10) and builds == 1
+
+
+@pytest.mark.spec("S-66", "F-27")
+def test_a_cache_name_that_is_a_symbolic_link_is_never_followed(
+        store: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cold_page(store, 1500, 10)
+    os.rename(store / CACHE, tmp_path / "planted")
+    os.symlink(tmp_path / "planted", store / CACHE)
+    with caplog.at_level(logging.WARNING, logger="deferq"):
+        page, builds = cold_page(store, 1500, 10)
+    assert page == scan_page(store, 1500, 10)
+    assert "Ignoring the dead-task index cache" in caplog.text
+    assert builds == 1  # read by building; the rename of S-71 then replaced the link
+    assert (store / CACHE).is_file() and not (store / CACHE).is_symlink()
+
+
+@pytest.mark.spec("S-71", "S-32")
+def test_a_cache_that_cannot_be_written_is_logged_and_the_read_succeeds(
+        store: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (store / (CACHE + ".tmp")).mkdir()  # the staging name is taken by a directory
+    before = sorted(os.listdir(store))
+    with caplog.at_level(logging.INFO, logger="deferq"):
+        page, builds = cold_page(store, 1500, 10)
+    assert page == scan_page(store, 1500, 10) and builds == 1
+    assert "Could not write the dead-task index cache" in caplog.text
+    assert sorted(os.listdir(store)) == before  # nothing else created by a read-only view
+
+
+@pytest.mark.spec("S-73", "S-27")
+def test_the_build_holds_the_locks_in_steps(store: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_deadpages, "DEAD_READ_STEP_BYTES", 64 * 1024)
+    holds = []
+    real = DeadTaskStore._locked
+
+    def counted(self: DeadTaskStore, operation: str) -> object:
+        holds.append(operation)
+        return real(self, operation)
+
+    monkeypatch.setattr(DeadTaskStore, "_locked", counted)
+    page, builds = cold_page(store, 1500, 10)
+    assert page == scan_page(store, 1500, 10) and builds == 1
+    size = os.path.getsize(store / DATA)
+    assert len(holds) >= size // (64 * 1024)  # one hold per step, at least
+
+
+@pytest.mark.spec("S-73")
+def test_a_compaction_between_build_steps_starts_the_build_over(
+        store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_deadpages, "DEAD_READ_STEP_BYTES", 256 * 1024)
+    holds = [0]
+    real = DeadTaskStore._locked
+    disk = Disk(path=store, prefix=PREFIX, fsync_frequency=0)
+
+    def compact_once(self: DeadTaskStore, operation: str) -> object:
+        holds[0] += 1
+        if holds[0] == 3 and self is not disk._dead:
+            disk.remove_dead_tasks(["t1"])  # another worker compacts between two steps
+        return real(self, operation)
+
+    monkeypatch.setattr(DeadTaskStore, "_locked", compact_once)
+    try:
+        page, builds = cold_page(store, 1500, 10)
+    finally:
+        disk.close()
+    monkeypatch.setattr(DeadTaskStore, "_locked", real)
+    assert page == scan_page(store, 1500, 10) and builds == 1
+
+
+@pytest.mark.spec("D-31", "D-14", "S-65")
+def test_a_page_through_the_cache_holds_memory_bounded_by_the_page(tmp_path: Path) -> None:
+    """The peak of a cold deep page through the cache does not grow with the store."""
+    peaks = []
+    for n in (5_000, 40_000):
+        store = make_store(tmp_path / str(n), [f"id-{i}" for i in range(n)])
+        cold_page(store, n - 100, 50)  # builds and writes the cache
+        tracemalloc.start()
+        try:
+            page, builds = cold_page(store, n - 100, 50)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert builds == 0 and page == [f"id-{i}" for i in range(99, 49, -1)]
+    assert peaks[1] < 1.5 * peaks[0] + 64 * 1024, peaks
+
+
+@pytest.mark.spec("S-72", "S-65", "Q-90")
+def test_the_cli_reads_deep_pages_through_the_cache_in_fresh_processes(store: Path) -> None:
+    def dead_list(offset: int) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "deferq", "dead", "list", "--path", str(store),
+             "--offset", str(offset), "--limit", "5", "--json"],
+            capture_output=True, text=True, check=False, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return [t["id"] for t in json.loads(done.stdout)]
+
+    assert dead_list(2500) == scan_page(store, 2500, 5)
+    cache = (store / CACHE).stat()
+    assert dead_list(1000) == scan_page(store, 1000, 5)
+    assert (store / CACHE).stat().st_mtime_ns == cache.st_mtime_ns  # read, not rebuilt
