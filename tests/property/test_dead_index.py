@@ -281,16 +281,19 @@ page_ops = st.one_of(ops, st.tuples(st.just("page"), st.integers(0, 6), st.integ
 
 
 @pytest.mark.slow
-@pytest.mark.spec("S-65", "S-67", "S-68", "S-69", "S-70", "S-74", "S-72", "S-73", "F-60")
+@pytest.mark.spec("S-65", "S-67", "S-68", "S-69", "S-70", "S-74", "S-72", "S-73", "S-85", "F-60")
 @settings(max_examples=300)
-@given(st.lists(page_ops, max_size=40), st.integers(0, 400), st.integers(1, 300))
+@given(st.lists(page_ops, max_size=40), st.integers(0, 400), st.integers(0, 1200),
+       st.integers(1, 300))
 def test_every_page_through_the_index_cache_equals_the_scan_of_the_file_as_it_is(
-        steps: list[tuple[object, ...]], tail_max: int, step_bytes: int) -> None:
+        steps: list[tuple[object, ...]], tail_max: int, merge_max: int, step_bytes: int) -> None:
     """Every page is a deep page here: read through the cache (with the tail appended
-    since it was written, under any tail limit), or built in steps of any size."""
+    since it was written, under any tail limit, merged into a new cache or not), or built
+    in steps of any size."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DeadTaskStore, "_cache_offset_min", 0)
         patch.setattr(DeadTaskStore, "_cache_tail_max", tail_max)
+        patch.setattr(DeadTaskStore, "_cache_merge_max", merge_max)
         patch.setattr(_deadpages, "DEAD_READ_STEP_BYTES", step_bytes)
         run(steps)
 
@@ -389,6 +392,55 @@ def test_the_index_built_in_any_steps_and_chunks_records_every_line_as_the_split
     assert [(d.start, d.faults) for d in index.damage] == damage
     complete_end = data.rfind(b"\n") + 1
     assert index.end == complete_end
+
+
+def _line(kind: int, task_id: str, variant: int) -> bytes:
+    """A record (kind -1) or one of ``damaged_line``'s kinds."""
+    return encode_dead(dead(task_id, variant)) if kind < 0 else damaged_line(kind, task_id, variant)
+
+
+lines_of = st.lists(st.builds(_line, st.integers(-3, 5), st.sampled_from(IDS), st.integers(0, 5)),
+                    max_size=12).map(b"".join)
+
+
+@pytest.mark.spec("S-85", "S-69", "S-71")
+@given(lines_of, lines_of)
+def test_a_tail_merged_into_the_cache_gives_the_cache_a_build_of_the_whole_file_gives(
+        before: bytes, after: bytes) -> None:
+    """Any file and any lines appended to it: the cache of the file merged with the tail
+    is byte for byte the cache of one build over both."""
+    from deferq._engine.deadcache import (
+        CachedIndex,
+        cache_chunks,
+        merged_chunks,
+        superseded_places,
+    )
+
+    if before and not before.endswith(b"\n"):
+        before += b"\n"  # the cache covers complete lines only
+    disk = SimDisk(4)
+    env = disk.process()
+    fd = env.open("/f", OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE)
+    env.write(fd, before) if before else None
+    stat = FileStat(1, 1, len(before), 1, 0)
+    first = DeadIndex(stat, 0)
+    first.extend(env, fd, len(before))
+    cache_fd = env.open("/c", OpenFlag.READ | OpenFlag.WRITE | OpenFlag.CREATE)
+    env.write(cache_fd, b"".join(cache_chunks(first)))
+    env.close(cache_fd)
+    env.write(fd, after) if after else None
+    whole = before + after
+    stat = FileStat(1, 1, len(whole), 1, 0)
+    cache = CachedIndex.open(env, "/c")
+    assert cache is not None
+    tail = DeadIndex(stat, 0)
+    tail.end = cache.end
+    tail.extend(env, fd, len(whole))
+    merged = b"".join(merged_chunks(cache, tail, superseded_places(env, fd, cache, tail)))
+    cache.close()
+    built = DeadIndex(stat, 0)
+    built.extend(env, fd, len(whole))
+    assert merged == b"".join(cache_chunks(built))
 
 
 @pytest.mark.spec("S-15", "F-3", "F-10")

@@ -138,16 +138,42 @@ def test_records_added_since_the_cache_are_its_tail_and_supersede_their_cached_p
     assert (store / CACHE).read_bytes() == before  # the tail is read, the cache not rewritten
 
 
+@pytest.mark.spec("S-85", "S-71", "S-69")
+def test_a_tail_over_the_read_limit_is_merged_into_the_cache_a_build_would_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(DeadTaskStore, "_cache_tail_max", 20_000)
+    store = make_store(tmp_path, IDS)
+    cold_page(store, 1500, 10)
+    disk = Disk(path=store, prefix=PREFIX, fsync_frequency=0)
+    try:
+        for n in range(400):  # about 60 KB: over the read limit, under the merge limit
+            disk._dead.add(dead(f"t{n * 7}" if n % 3 else f"late-{n}", 200 + n))
+    finally:
+        disk.close()
+    with open(store / DATA, "ab") as f:
+        f.write(b"0123abcd:damaged line\n")
+    page, builds = cold_page(store, 1500, 10)
+    assert page == scan_page(store, 1500, 10) and builds == 0
+    merged = (store / CACHE).read_bytes()
+    (store / CACHE).unlink()
+    page, builds = cold_page(store, 1500, 10)
+    assert builds == 1 and (store / CACHE).read_bytes() == merged
+    for offset in (1000, 2900, 3300):
+        assert cold_page(store, offset, 10) == (scan_page(store, offset, 10), 0)
+
+
 @pytest.mark.spec("S-68")
-def test_a_tail_longer_than_the_limit_rebuilds_the_cache(store: Path) -> None:
+def test_a_tail_longer_than_the_merge_limit_rebuilds_the_cache(
+        store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cold_page(store, 1500, 10)
     first = CachedIndex.open(DirEnv(str(store)), str(store / CACHE))
     assert first is not None
     end = first.end
     first.close()
+    monkeypatch.setattr(DeadTaskStore, "_cache_merge_max", 512 * 1024)
     with open(store / DATA, "ab") as f:
-        f.write(b"".join(encode_dead(dead(f"late-{n}")) for n in range(8000)))
-    assert os.path.getsize(store / DATA) - end > 1024 * 1024
+        f.write(b"".join(encode_dead(dead(f"late-{n}")) for n in range(4000)))
+    assert os.path.getsize(store / DATA) - end > 512 * 1024
     page, builds = cold_page(store, 1500, 10)
     assert page == scan_page(store, 1500, 10) and builds == 1
     again = CachedIndex.open(DirEnv(str(store)), str(store / CACHE))

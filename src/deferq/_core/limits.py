@@ -48,6 +48,8 @@ DEAD_READ_RESTARTS_MAX: Final = 8
 # and the most bytes appended since it was written that a reader indexes for itself.
 DEAD_CACHE_OFFSET_MIN: Final = 1000
 DEAD_CACHE_TAIL_BYTES_MAX: Final = 1024 * 1024
+# S-85: the most bytes appended since the cache was written that a read merges into it.
+DEAD_CACHE_MERGE_BYTES_MAX: Final = 8 * 1024 * 1024
 # W-35: orphan WAL files a worker holds open at once while it adopts them (plus its own copy).
 ADOPT_FILES_MAX: Final = 64
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import struct
 import zlib
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterator
 
 from deferq._core.deadcodec import decode_dead_line
@@ -96,8 +97,8 @@ def cache_chunks(index: DeadIndex) -> Iterator[bytes]:
     yield _CRC.pack(crc)
 
 
-def write_cache(env: Env, path: str, index: DeadIndex) -> None:
-    """Implements S-71: write ``index`` to ``path`` by way of ``path.tmp`` and a rename.
+def write_cache(env: Env, path: str, parts: Iterator[bytes]) -> None:
+    """Implements S-71: write ``parts`` to ``path`` by way of ``path.tmp`` and a rename.
 
     No fsync: the cache is checked before every use. Raises ``OSError``; the caller
     (holding the store's locks) logs it and goes on.
@@ -105,11 +106,50 @@ def write_cache(env: Env, path: str, index: DeadIndex) -> None:
     tmp = path + ".tmp"
     fd = env.open(tmp, OpenFlag.WRITE | OpenFlag.CREATE | OpenFlag.TRUNCATE, FILE_MODE)
     try:
-        for part in cache_chunks(index):
+        for part in parts:
             write_all(env, fd, part)
     finally:
         env.close(fd)
     env.rename(tmp, path)
+
+
+def merged_chunks(cache: CachedIndex, tail: DeadIndex, superseded: set[int]) -> Iterator[bytes]:
+    """Implements S-85: the cache of the file up to the tail's end, from ``cache`` and ``tail``.
+
+    The cached columns are streamed chunk by chunk without the ``superseded`` places, and
+    the tail's latest records appended, so memory is one chunk plus the tail's index.
+    """
+    latest, ids = tail.latest, tail.ids
+    mine = [p for p in range(len(ids)) if latest[ids[p]] == p]
+    tail_columns = (array("q", (tail.offs[p] for p in mine)),
+                    array("q", (tail.lens[p] for p in mine)),
+                    array("I", (id_hash(ids[p]) for p in mine)))
+    fresh = tail.end > cache.end  # the tail indexed a line: its window is the one to check
+    header = _HEADER.pack(
+        MAGIC, BYTE_ORDER_MARK, cache.device, cache.inode, cache.lock_ctime_ns, tail.end,
+        tail.check_start if fresh else cache.check_start,
+        tail.check_crc if fresh else cache.check_crc,
+        cache.places - len(superseded) + len(mine), cache.damage_count + len(tail.damage))
+    dropped = sorted(superseded)
+    crc = zlib.crc32(header)
+    yield header
+    for column, (typecode, at) in enumerate(cache.columns()):
+        for first in range(0, cache.places, _HASHES_PER_READ):
+            count = min(_HASHES_PER_READ, cache.places - first)
+            values = cache.column(typecode, at, first, count)
+            for place in reversed(dropped[bisect_left(dropped, first):
+                                          bisect_left(dropped, first + count)]):
+                del values[place - first]
+            data = values.tobytes()
+            crc = zlib.crc32(data, crc)
+            yield data
+        data = tail_columns[column].tobytes()
+        crc = zlib.crc32(data, crc)
+        yield data
+    damage = b"".join(_DAMAGE.pack(d.key, d.start, d.length, d.faults, d.readable)
+                      for d in (*cache.damage(), *tail.damage))
+    yield damage
+    yield _CRC.pack(zlib.crc32(damage, crc))
 
 
 # ---------------------------------------------------------------------- reading
@@ -128,7 +168,7 @@ class CachedIndex:
         self._lens_at = _HEADER.size + 8 * n
         self._hashes_at = self._lens_at + 8 * n
         self._damage_at = self._hashes_at + 4 * n
-        self._damage_count = damage_count
+        self.damage_count = damage_count
 
     @classmethod
     def open(cls, env: Env, path: str) -> CachedIndex | None:
@@ -175,7 +215,11 @@ class CachedIndex:
             self.device, self.inode, self.lock_ctime_ns, self.end, self.check_start,
             self.check_crc))
 
-    def _column(self, typecode: str, at: int, first: int, count: int) -> array[int]:
+    def columns(self) -> tuple[tuple[str, int], ...]:
+        """The (typecode, file offset) of the offsets, lengths and id hashes columns."""
+        return (("q", _HEADER.size), ("q", self._lens_at), ("I", self._hashes_at))
+
+    def column(self, typecode: str, at: int, first: int, count: int) -> array[int]:
         out = array(typecode)
         width = out.itemsize
         data = self._env.pread(self._fd, width * count, at + width * first)
@@ -186,40 +230,32 @@ class CachedIndex:
 
     def spans(self, first: int, count: int) -> tuple[array[int], array[int], array[int]]:
         """Offsets, lengths and id hashes of the places ``first .. first + count - 1``."""
-        return (self._column("q", _HEADER.size, first, count),
-                self._column("q", self._lens_at, first, count),
-                self._column("I", self._hashes_at, first, count))
+        return (self.column("q", _HEADER.size, first, count),
+                self.column("q", self._lens_at, first, count),
+                self.column("I", self._hashes_at, first, count))
 
     def places_of(self, hashes: set[int]) -> Iterator[tuple[int, int]]:
         """Each (place, hash) whose id hash is in ``hashes``: the hash column read in chunks,
-        each tested against the set in C (``set.intersection``) before any place is sought."""
+        each tested against the set in C (``set.isdisjoint``) before it is walked."""
         for first in range(0, self.places, _HASHES_PER_READ):
-            column = self._column("I", self._hashes_at, first,
-                                  min(_HASHES_PER_READ, self.places - first))
-            for hash_ in hashes.intersection(column):
-                at = column.index(hash_)
-                while at >= 0:
+            column = self.column("I", self._hashes_at, first,
+                                 min(_HASHES_PER_READ, self.places - first))
+            if hashes.isdisjoint(column):
+                continue
+            for at, hash_ in enumerate(column):
+                if hash_ in hashes:
                     yield first + at, hash_
-                    at = _index_after(column, hash_, at + 1)
 
     def damage(self) -> Iterator[Damage]:
         """The damaged lines of the cached bytes, in file order (read in chunks)."""
         per_chunk = max(1, READ_CHUNK_BYTES // _DAMAGE.size)
-        for first in range(0, self._damage_count, per_chunk):
-            count = min(per_chunk, self._damage_count - first)
+        for first in range(0, self.damage_count, per_chunk):
+            count = min(per_chunk, self.damage_count - first)
             data = self._env.pread(self._fd, _DAMAGE.size * count,
                                    self._damage_at + _DAMAGE.size * first)
             for fields in _DAMAGE.iter_unpack(data):
                 key, start, length, faults, readable = fields
                 yield Damage(key, start, length, faults, bool(readable))
-
-
-def _index_after(column: array[int], value: int, start: int) -> int:
-    """The next index of ``value`` in ``column`` at or after ``start``, or -1."""
-    try:
-        return column.index(value, start)
-    except ValueError:
-        return -1
 
 
 class _Unusable(Exception):
@@ -247,14 +283,8 @@ class PageRecord:
         self.hash = hash_  # a cached place's id hash
 
 
-def page_records(env: Env, fd: int, cache: CachedIndex, tail: DeadIndex, offset: int,
-                 limit: int) -> tuple[list[PageRecord], int | None]:
-    """Implements S-68, S-69: the page's records newest first, and where its scan would stop.
-
-    The listing is the tail's places newest first, then the cached places newest first
-    but those an id of the tail supersedes. The stop is the start of the page's last
-    record when the page is full, None when the listing ends first.
-    """
+def superseded_places(env: Env, fd: int, cache: CachedIndex, tail: DeadIndex) -> set[int]:
+    """Implements S-69: the cached places whose id has a record in the tail."""
     superseded: set[int] = set()
     if tail.latest:
         by_hash: dict[int, list[str]] = {}
@@ -264,6 +294,17 @@ def page_records(env: Env, fd: int, cache: CachedIndex, tail: DeadIndex, offset:
             start = cache.spans(place, 1)[0][0]
             if any(record_id_at(env, fd, start, task_id) for task_id in by_hash[hash_]):
                 superseded.add(place)
+    return superseded
+
+
+def page_records(cache: CachedIndex, tail: DeadIndex, superseded: set[int], offset: int,
+                 limit: int) -> tuple[list[PageRecord], int | None]:
+    """Implements S-68, S-69: the page's records newest first, and where its scan would stop.
+
+    The listing is the tail's places newest first, then the cached places newest first
+    but the ``superseded`` ones. The stop is the start of the page's last record when the
+    page is full, None when the listing ends first.
+    """
     out: list[PageRecord] = []
     tail_places = len(tail.latest)
     if offset < tail_places:

@@ -17,11 +17,13 @@ the crash catalogue's mutants reach it through the same overrides.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from deferq._core.deadcodec import decode_dead_record
 from deferq._core.frame import BadLine
 from deferq._core.limits import (
+    DEAD_CACHE_MERGE_BYTES_MAX,
     DEAD_CACHE_OFFSET_MIN,
     DEAD_CACHE_TAIL_BYTES_MAX,
     DEAD_READ_RESTARTS_MAX,
@@ -47,6 +49,8 @@ class DeadDeepPages:
     _cache_offset_min: int = DEAD_CACHE_OFFSET_MIN
     #: The most bytes appended since the cache was written that a read indexes itself (S-68).
     _cache_tail_max: int = DEAD_CACHE_TAIL_BYTES_MAX
+    #: The most such bytes a read merges into a new cache rather than building one (S-85).
+    _cache_merge_max: int = DEAD_CACHE_MERGE_BYTES_MAX
 
     if TYPE_CHECKING:  # defined by DeadTaskStore and DeadReads
         def _locked(self, operation: str) -> contextlib.AbstractContextManager[None]: ...
@@ -63,12 +67,12 @@ class DeadDeepPages:
 
     # ------------------------------------------------------------------ the cache
 
-    def _save_cache(self, index: DeadIndex) -> None:
-        """Implements S-71: write the cache of a usable ``index``, best effort, under the locks."""
+    def _save_cache(self, parts: Iterator[bytes]) -> None:
+        """Implements S-71: write a cache, best effort, under the locks."""
         from deferq._engine.deadcache import write_cache  # a deep page's module, loaded by one
 
         try:
-            write_cache(self._env, self._cache, index)
+            write_cache(self._env, self._cache, parts)
         except OSError as exc:
             log.info("Could not write the dead-task index cache %s: %s", self._cache, exc)
             with contextlib.suppress(OSError):
@@ -78,7 +82,14 @@ class DeadDeepPages:
                      limit: int) -> list[DeadTask] | None:
         """Implements S-66..S-70: the page read through the cache, or None when it is unusable."""
         # Loaded here: the commands that never read a deep page (most) do not pay for it.
-        from deferq._engine.deadcache import CachedIndex, StaleCache, page_records, read_page
+        from deferq._engine.deadcache import (
+            CachedIndex,
+            StaleCache,
+            merged_chunks,
+            page_records,
+            read_page,
+            superseded_places,
+        )
 
         env = self._env
         try:
@@ -92,12 +103,17 @@ class DeadDeepPages:
             lock_ctime = env.fstat(self._lock_fd).ctime_ns
             if not cache.usable(env, fd, stat, lock_ctime):
                 return None
-            if stat.size - cache.end > self._cache_tail_max:
-                return None
+            tail_bytes = stat.size - cache.end
+            merge = tail_bytes > self._cache_tail_max
+            if tail_bytes > self._cache_merge_max:
+                return None  # S-68: too much to index in one hold of the locks: build instead
             tail = self._index_class(stat, lock_ctime)
             tail.end = cache.end
             tail.extend(env, fd, stat.size)
-            records, stop = page_records(env, fd, cache, tail, offset, limit)
+            superseded = superseded_places(env, fd, cache, tail)
+            if merge:
+                self._save_cache(merged_chunks(cache, tail, superseded))
+            records, stop = page_records(cache, tail, superseded, offset, limit)
             out: list[DeadTask] = []
             undecodable: list[str] = []
             for task_id, payload in read_page(env, fd, records, tail.latest):
@@ -144,6 +160,8 @@ class DeadDeepPages:
             finally:
                 env.close(fd)
         built = self._build_in_steps()
+        from deferq._engine.deadcache import cache_chunks
+
         if built is None:
             return None
         with self._locked("read tasks from"):
@@ -156,7 +174,7 @@ class DeadDeepPages:
                     return None
                 built.extend(env, fd, stat.size)
                 self._index = built
-                self._save_cache(built)
+                self._save_cache(cache_chunks(built))
                 try:
                     return self._list_indexed(built, fd, stat.size, offset, limit)
                 except StaleIndex:
