@@ -169,6 +169,8 @@ def bench_cold(cfg: Config, scratch: Scratch, res: Results) -> None:
          Target("<= 2x SQLite (cold)", (Check("sqlite", 2.0),))),
         ("cold_find_missing", f"find missing id of {size}, cold (fresh process)", "find",
          missing, Target("<= 1.2x raw scan (cold)", (Check("raw", 1.2),))),
+        ("cold_stats_first", f"stats of {size}, cold, no index cache (fresh process)",
+         "stats-first", "", Target("<= 3x raw decode of every line (cold)", (Check("raw", 3.0),))),
         ("cold_stats", f"stats of {size}, cold (fresh process)", "stats", "",
          Target("<= 3x raw decode of every line (cold)", (Check("raw", 3.0),))),
     ]
@@ -211,5 +213,6 @@ def bench_cold(cfg: Config, scratch: Scratch, res: Results) -> None:
 
 COLD_ROW_KEYS: tuple[str, ...] = ("cold_list_newest", "cold_list_offset_first",
                                   "cold_list_offset", "cold_find_recent",
-                                  "cold_find_missing", "cold_stats", "cold_cli_list")
+                                  "cold_find_missing", "cold_stats_first", "cold_stats",
+                                  "cold_cli_list")
 COLD: dict[str, Callable[[Config, Scratch, Results], None]] = {"cold": bench_cold}

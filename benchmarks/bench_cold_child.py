@@ -2,8 +2,8 @@
 
 Usage: python bench_cold_child.py SIDE OP STORE SQLITE_DIR ARG [--peak]
 
-OP ``offset-first`` is ``offset`` with deferq's index cache removed first (untimed), so
-the call reads the page by building the index and writing the cache (S-72).
+OPs ``offset-first`` and ``stats-first`` are ``offset`` and ``stats`` with deferq's index
+cache removed first (untimed), so the call builds the index and writes the cache (S-72, S-86).
 
 Imports happen first and are not timed (bench_import.py measures them); then the clock
 starts before the store, file or connection is opened and stops after the first call
@@ -92,7 +92,7 @@ def run(side: str, op: str, store: str, sqlite_dir: str, arg: str) -> object:
             if op == "find":
                 task = operator.find_dead(arg)
                 return None if task is None else task.id
-            if op == "stats":
+            if op in ("stats", "stats-first"):
                 return operator.dead_stats()["dead_tasks"]
         finally:
             view.close()
@@ -104,7 +104,7 @@ def run(side: str, op: str, store: str, sqlite_dir: str, arg: str) -> object:
         if op == "find":
             found = rd.raw_find(data_path, arg)
             return None if found is None else found[0]
-        if op == "stats":
+        if op in ("stats", "stats-first"):
             return raw_stats(data_path)
     if side == "sqlite":
         conn = sq.connect(sqlite_dir, "NORMAL")
@@ -116,7 +116,7 @@ def run(side: str, op: str, store: str, sqlite_dir: str, arg: str) -> object:
             if op == "find":
                 found = sq.find_dead(conn, arg)
                 return None if found is None else found[0]
-            if op == "stats":
+            if op in ("stats", "stats-first"):
                 rows = conn.execute(
                     "SELECT json_extract(body, '$.task_class'), count(*) FROM dead GROUP BY 1"
                 ).fetchall()
@@ -131,7 +131,7 @@ def run(side: str, op: str, store: str, sqlite_dir: str, arg: str) -> object:
 def main(argv: list[str]) -> int:
     side, op, store, sqlite_dir, arg = argv[:5]
     peak = "--peak" in argv[5:]
-    if side == "deferq" and op == "offset-first":  # no index cache yet: this call builds it
+    if side == "deferq" and op.endswith("-first"):  # no index cache yet: this call builds it
         cache = os.path.join(store, dead_cache_name(PREFIX))
         if os.path.exists(cache):
             os.unlink(cache)

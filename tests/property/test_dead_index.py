@@ -25,15 +25,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deferq._engine import deadindex as _deadindex
-from deferq._engine import deadpages as _deadpages
-from deferq._engine.deadstore import DeadTaskStore
-from deferq._engine.deadindex import DeadIndex, NeedleScan, dead_line, fast_dead_id
-from deferq._engine.env import FileStat, OpenFlag
 from deferq._core.deadcodec import _decode_dead_exact, decode_dead_line, encode_dead
 from deferq._core.frame import BadLine, frame
 from deferq._core.recovery import BackwardLines, RawLine, capped_line
 from deferq._core.types import DeadTask
+from deferq._engine import deadindex as _deadindex
+from deferq._engine import deadpages as _deadpages
+from deferq._engine.deadindex import DeadIndex, NeedleScan, dead_line, fast_dead_id
+from deferq._engine.deadstore import DeadTaskStore
+from deferq._engine.env import FileStat, OpenFlag
 from deferq.backends import Disk
 from deferq.crashtest import SimDisk, SimEnv
 
@@ -241,7 +241,11 @@ def run(steps: list[tuple[object, ...]]) -> tuple[int, int]:
                 reads += 1
                 data = file_bytes(raw)
                 with captured() as handler:
-                    if kind == "page":  # a process with no index of its own (S-72)
+                    if kind == "fold":  # stats through the cache (S-86)
+                        folded = mine._dead.fold_tasks(list)  # None: S-87's fallback
+                        got = folded if folded is not None else list(mine._dead.iter_tasks())
+                        want = reference_list(data, 0, None)
+                    elif kind == "page":  # a process with no index of its own (S-72)
                         _, offset, limit, stepped = step
                         mine._dead._drop_index()
                         got = (list(mine._dead.iter_tasks(int(str(offset)), int(str(limit))))
@@ -277,11 +281,12 @@ def test_every_read_equals_the_line_by_line_scan_of_the_file_as_it_is(
 
 
 page_ops = st.one_of(ops, st.tuples(st.just("page"), st.integers(0, 6), st.integers(1, 4),
-                                     st.booleans()))
+                                     st.booleans()), st.tuples(st.just("fold")))
 
 
 @pytest.mark.slow
-@pytest.mark.spec("S-65", "S-67", "S-68", "S-69", "S-70", "S-74", "S-72", "S-73", "S-85", "F-60")
+@pytest.mark.spec("S-65", "S-67", "S-68", "S-69", "S-70", "S-74", "S-72", "S-73", "S-85", "S-86",
+                  "F-60")
 @settings(max_examples=300)
 @given(st.lists(page_ops, max_size=40), st.integers(0, 400), st.integers(0, 1200),
        st.integers(1, 300))
@@ -500,7 +505,9 @@ def reference_compaction(data: bytes, task_ids: set[str],
 def test_streaming_compaction_writes_exactly_what_the_line_by_line_compaction_wrote(
         data: bytes, task_ids: set[str], chunk: int, line_max: int) -> None:
     """Any chunking, any damage: the same survivors, the same found ids, the same count."""
-    from deferq._engine import compact as _compact, deadstore as _deadstore, io as _io
+    from deferq._engine import compact as _compact
+    from deferq._engine import deadstore as _deadstore
+    from deferq._engine import io as _io
 
     disk = SimDisk(4)
     env = disk.process()

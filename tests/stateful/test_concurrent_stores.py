@@ -64,6 +64,8 @@ ops = st.one_of(
     st.tuples(st.just("find"), st.sampled_from(DEAD_POOL)),
     # S-72: a deep page of the operators' read, by a process without an index of its own.
     st.tuples(st.just("page"), st.integers(1, 3), st.integers(1, 2)),
+    # S-86, S-87: the whole store folded through the cache, restarted by a compaction.
+    st.tuples(st.just("fold"), st.none(), st.just(0)),
 )
 
 
@@ -91,6 +93,9 @@ class World:
         self.model = StorageModel()
         self.owner: dict[str, str] = {}
         self.dead_order: list[str] = []  # newest first
+        # Every order the store has had, oldest first: a read in several lock steps (S-86)
+        # returns the store as it was at one moment between its call and its return.
+        self.dead_orders: list[tuple[str, ...]] = [()]
         self.dead_ambiguous = False  # a killed process's dead-task op may or may not be done
         self.timeouts = 0
         self.rotations = 0
@@ -165,6 +170,7 @@ class World:
                 if task_id in self.dead_order:
                     self.dead_order.remove(task_id)
                 self.dead_order.insert(0, task_id)
+                self.dead_orders.append(tuple(self.dead_order))
             elif kind == "dead_remove":
                 ids = op[1]
                 assert isinstance(ids, list)
@@ -175,10 +181,19 @@ class World:
                     f"D-11/S-5: removed {found}, model says {expected}"
                 model.acked(model.remove_dead(ids))
                 self.dead_order = [i for i in self.dead_order if i not in ids]
-            elif kind in ("list", "page"):
+                self.dead_orders.append(tuple(self.dead_order))
+            elif kind in ("list", "page", "fold"):
                 limit, offset = op[1], op[2]
                 assert (limit is None or isinstance(limit, int)) and isinstance(offset, int)
-                if kind == "page":
+                if kind == "fold":
+                    since = len(self.dead_orders) - 1
+                    folded = disk._dead.fold_tasks(list)
+                    if folded is None:  # S-87: the fallback
+                        folded = disk.list_dead_tasks()
+                    assert self.dead_ambiguous or tuple(
+                        t.id for t in folded) in self.dead_orders[since:], "S-86 under D-11"
+                    return
+                elif kind == "page":
                     assert limit is not None
                     disk._dead._drop_index()
                     listed = list(disk._dead.iter_tasks(offset, limit))
@@ -255,7 +270,7 @@ def _prepare_orphan(world: World, env: SimEnv) -> None:
 
 @pytest.mark.slow
 @pytest.mark.spec("D-11", "L-1", "D-1", "D-3", "D-4", "D-7", "D-9", "D-12", "W-27", "W-4", "A-11",
-                  "S-73")
+                  "S-73", "S-87")
 @given(
     seed=st.integers(0, 2**16),
     plans=st.lists(st.lists(ops, min_size=1, max_size=6), min_size=2, max_size=3),

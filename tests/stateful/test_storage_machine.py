@@ -437,6 +437,16 @@ class StorageMachine(RuleBasedStateMachine):
         assert [t.id for t in listed] == self.dead_order[offset:offset + limit], "S-65 page"
 
     @precondition(lambda self: len(self.workers) > 0 and not self.dead_ambiguous)
+    @rule(slot=slots)
+    def fold_dead_tasks(self, slot: int) -> None:
+        """S-86: the whole store read through the index cache (what ``deferq stats`` does)."""
+        store = self._pick(slot).disk._dead
+        folded = store.fold_tasks(list)
+        event(f"fold through the cache: {folded is not None}")
+        listed = folded if folded is not None else list(store.iter_tasks())  # S-87's fallback
+        assert [t.id for t in listed] == self.dead_order, "S-86 listing"
+
+    @precondition(lambda self: len(self.workers) > 0 and not self.dead_ambiguous)
     @rule(slot=slots, task_id=st.one_of(st.sampled_from(DEAD_POOL), tasks))
     def find_dead_task(self, slot: int, task_id: str) -> None:
         found = self._pick(slot).disk.find_dead_task(task_id)
@@ -641,7 +651,7 @@ class RotatingMachine(StorageMachine):
 TestStorageMachine = pytest.mark.slow(pytest.mark.spec(
     "D-1", "D-2", "D-3", "D-4", "D-7", "D-9", "D-12", "D-13", "W-4", "W-6", "W-7", "W-9",
     "W-10", "A-11", "D-15", "W-24", "D-21", "W-30", "W-32", "S-65", "S-71", "S-72",
-    "S-73")(StorageMachine.TestCase))
+    "S-73", "S-86")(StorageMachine.TestCase))
 TestStorageMachine.settings = machine_settings(max_examples=150, stateful_step_count=50)
 
 

@@ -34,13 +34,13 @@ EXPECTED_ROWS = {
     "replay", "replay_rotated",
     # Issue #17 item 8: cold operator reads, each sample a fresh process.
     "cold_list_newest", "cold_list_offset_first", "cold_list_offset", "cold_find_recent",
-    "cold_find_missing", "cold_stats", "cold_cli_list",
+    "cold_find_missing", "cold_stats_first", "cold_stats", "cold_cli_list",
 }
 EXPECTED_MEMORY = {"dead_list_newest", "dead_list_offset", "dead_find_recent",
                    "dead_find_oldest", "dead_find_missing", "replay",
                    "cold_list_newest", "cold_list_offset_first", "cold_list_offset",
                    "cold_find_recent",
-                   "cold_find_missing", "cold_stats"}
+                   "cold_find_missing", "cold_stats_first", "cold_stats"}
 
 
 def run_bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tracemalloc
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,11 +30,13 @@ from deferq._cli.dead import DeadStoreView
 from deferq._core.deadcodec import encode_dead
 from deferq._core.names import dead_cache_name, dead_data_name
 from deferq._core.types import DeadTask
+from deferq._engine import deadfold as _deadfold
 from deferq._engine import deadpages as _deadpages
 from deferq._engine.deadcache import CachedIndex
 from deferq._engine.deadindex import DeadIndex
 from deferq._engine.deadstore import DeadTaskStore
 from deferq._engine.osenv import DirEnv
+from deferq._runtime.operator import Operator, dead_stats
 from deferq.backends import Disk
 
 PREFIX = "deferred-"
@@ -75,9 +78,10 @@ def cold_page(store: Path, offset: int, limit: int) -> tuple[list[str], int]:
         assert view._store is not None
         inner = view._store._build_in_steps
 
-        def counted() -> DeadIndex | None:
-            builds.append(1)
-            return inner()
+        def counted(start: DeadIndex | None = None) -> DeadIndex | None:
+            if start is None:  # a build of the whole file, not a merge's tail (S-85)
+                builds.append(1)
+            return inner(start)
 
         view._store._build_in_steps = counted  # type: ignore[method-assign]
         return [t.id for t in view.iter_dead_tasks(offset=offset, limit=limit)], len(builds)
@@ -170,6 +174,7 @@ def test_a_tail_longer_than_the_merge_limit_rebuilds_the_cache(
     assert first is not None
     end = first.end
     first.close()
+    monkeypatch.setattr(DeadTaskStore, "_cache_tail_max", 100 * 1024)
     monkeypatch.setattr(DeadTaskStore, "_cache_merge_max", 512 * 1024)
     with open(store / DATA, "ab") as f:
         f.write(b"".join(encode_dead(dead(f"late-{n}")) for n in range(4000)))
@@ -328,6 +333,7 @@ def test_a_compaction_between_build_steps_starts_the_build_over(
     assert page == scan_page(store, 1500, 10) and builds == 1
 
 
+@pytest.mark.slow
 @pytest.mark.spec("D-31", "D-14", "S-65")
 def test_a_page_through_the_cache_holds_memory_bounded_by_the_page(tmp_path: Path) -> None:
     """The peak of a cold deep page through the cache does not grow with the store."""
@@ -359,3 +365,126 @@ def test_the_cli_reads_deep_pages_through_the_cache_in_fresh_processes(store: Pa
     cache = (store / CACHE).stat()
     assert dead_list(1000) == scan_page(store, 1000, 5)
     assert (store / CACHE).stat().st_mtime_ns == cache.st_mtime_ns  # read, not rebuilt
+
+
+# ----------------------------------------------------------------------------- stats (S-86..S-88)
+
+
+def stats_of(store: Path) -> tuple[dict[str, object], dict[str, object] | None, int]:
+    """``deferq stats``'s counts as the CLI gets them, the fold's own answer (None: it fell
+    back to the stepped read) and how many builds the call ran."""
+    view = DeadStoreView(str(store), PREFIX, read_only=True)
+    builds: list[int] = []
+    folds: list[dict[str, object] | None] = []
+    try:
+        assert view._store is not None
+        inner, fold = view._store._build_in_steps, view._store.fold_tasks
+
+        def counted(start: DeadIndex | None = None) -> DeadIndex | None:
+            if start is None:  # a build of the whole file, not a merge's tail (S-85)
+                builds.append(1)
+            return inner(start)
+
+        def watched(f: Callable[[Iterator[DeadTask]], dict[str, object]]
+                    ) -> dict[str, object] | None:
+            folds.append(fold(f))
+            return folds[-1]
+
+        view._store._build_in_steps = counted  # type: ignore[method-assign]
+        view._store.fold_tasks = watched  # type: ignore[method-assign, assignment]
+        return Operator(view).dead_stats(), folds[0], len(builds)
+    finally:
+        view.close()
+
+
+def stepped_stats(store: Path) -> dict[str, object]:
+    view = DeadStoreView(str(store), PREFIX, read_only=True)
+    try:
+        return dead_stats(view.iter_dead_tasks())
+    finally:
+        view.close()
+
+
+@pytest.mark.spec("S-86", "S-71", "Q-90")
+def test_stats_count_through_the_cache_what_the_stepped_read_counts(store: Path) -> None:
+    with open(store / DATA, "ab") as f:
+        f.write(b"0123abcd:damaged line\n")
+    want = stepped_stats(store)
+    counts, folded, builds = stats_of(store)  # no cache yet: builds and writes it
+    assert counts == want and folded == want and builds == 1
+    disk = Disk(path=store, prefix=PREFIX, fsync_frequency=0)
+    try:
+        for n, task_id in enumerate(["t1", "new-1", "t2999"]):  # a tail, superseding two
+            disk._dead.add(DeadTask(id=task_id, task_class="job.Other", attempts=1,
+                                    enqueued_at=1, failed_at=2, exception_class="KeyError",
+                                    exception_message=str(n), backtrace=(), context=b""))
+    finally:
+        disk.close()
+    counts, folded, builds = stats_of(store)
+    assert counts == stepped_stats(store) == folded and builds == 0
+    assert counts["dead_tasks"] == 3001
+
+
+@pytest.mark.spec("S-87")
+def test_a_compaction_during_the_count_starts_it_over(
+        store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stats_of(store)  # the cache
+    monkeypatch.setattr(_deadfold, "DEAD_READ_STEP_BYTES", 64 * 1024)
+    holds = [0]
+    real = DeadTaskStore._locked
+    disk = Disk(path=store, prefix=PREFIX, fsync_frequency=0)
+
+    def compact_once(self: DeadTaskStore, operation: str) -> object:
+        holds[0] += 1
+        if holds[0] == 4 and self is not disk._dead:
+            disk.remove_dead_tasks(["t7", "t2000"])  # between two steps of the count
+        return real(self, operation)
+
+    monkeypatch.setattr(DeadTaskStore, "_locked", compact_once)
+    try:
+        counts, folded, builds = stats_of(store)
+    finally:
+        disk.close()
+    monkeypatch.setattr(DeadTaskStore, "_locked", real)
+    assert folded is not None and builds == 1  # the compaction made the cache stale
+    assert counts == stepped_stats(store) and counts["dead_tasks"] == 2998
+
+
+@pytest.mark.spec("S-87", "S-32")
+def test_stats_where_no_cache_can_be_written_count_in_steps_without_building(
+        store: Path) -> None:
+    (store / (CACHE + ".tmp")).mkdir()  # as on a read-only mount: the cache cannot be written
+    counts, folded, builds = stats_of(store)
+    assert folded is None and builds == 0
+    assert counts == stepped_stats(store) and not (store / CACHE).exists()
+
+
+@pytest.mark.spec("S-87", "S-70")
+def test_a_record_the_cache_misnames_ends_the_count_through_it(store: Path) -> None:
+    stats_of(store)
+    cache = bytearray((store / CACHE).read_bytes())
+    header = struct.calcsize("=8sIQQqQQIQQ")
+    places = struct.unpack_from("=Q", cache, header - 16)[0]
+    a, b = header + 8 * 5, header + 8 * 6  # two offsets swapped, the CRC made right
+    cache[a:a + 8], cache[b:b + 8] = cache[b:b + 8], cache[a:a + 8]
+    assert places > 6
+    (store / CACHE).write_bytes(recrc(cache))
+    counts, folded, _ = stats_of(store)
+    assert folded is None and counts == stepped_stats(store)
+
+
+@pytest.mark.slow
+@pytest.mark.spec("S-88", "D-31")
+def test_a_count_through_the_cache_holds_memory_bounded_by_a_step(tmp_path: Path) -> None:
+    peaks = []
+    for n in (10_000, 40_000):  # both over one step (1 MiB) of records
+        store = make_store(tmp_path / str(n), [f"id-{i}" for i in range(n)])
+        stats_of(store)  # builds and writes the cache
+        tracemalloc.start()
+        try:
+            counts, folded, builds = stats_of(store)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert builds == 0 and folded is not None and counts["dead_tasks"] == n
+    assert peaks[1] < 1.5 * peaks[0] + 256 * 1024, peaks

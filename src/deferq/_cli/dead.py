@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from deferq._cli.db import open_database
 from deferq._cli.output import (
@@ -49,6 +49,8 @@ if TYPE_CHECKING:  # a database's store is opened by open_database, on demand
 EXIT_NOT_FOUND: Final = 3
 DEAD_HEADERS: Final = ("ID", "TASK CLASS", "ATTEMPTS", "FAILED AT", "EXCEPTION")
 
+
+R = TypeVar("R")
 
 class DeadStoreView:
     """The dead-task half of a backend, without opening a WAL.
@@ -87,6 +89,10 @@ class DeadStoreView:
                         ) -> Iterator[DeadTask]:
         """The store read in lock steps (S-27): what the operator's long reads use (Q-90)."""
         return iter(()) if self._store is None else self._store.iter_tasks(offset, limit)
+
+    def fold_dead_tasks(self, fold: Callable[[Iterator[DeadTask]], R]) -> R | None:
+        """``fold`` over every dead task through the index cache (S-86); None: read in steps."""
+        return fold(iter(())) if self._store is None else self._store.fold_tasks(fold)
 
     @property
     def undecodable_logged(self) -> int:

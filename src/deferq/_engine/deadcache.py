@@ -274,7 +274,7 @@ def record_id_at(env: Env, fd: int, start: int, task_id: str) -> bool:
 class PageRecord:
     """One record of a page read through the cache: where it is and what it must carry."""
 
-    __slots__ = ("start", "length", "task_id", "hash")
+    __slots__ = ("hash", "length", "start", "task_id")
 
     def __init__(self, start: int, length: int, task_id: str | None, hash_: int) -> None:
         self.start = start

@@ -17,8 +17,8 @@ the crash catalogue's mutants reach it through the same overrides.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 from deferq._core.deadcodec import decode_dead_record
 from deferq._core.frame import BadLine
@@ -28,6 +28,7 @@ from deferq._core.limits import (
     DEAD_CACHE_TAIL_BYTES_MAX,
     DEAD_READ_RESTARTS_MAX,
     DEAD_READ_STEP_BYTES,
+    FILE_MODE,
 )
 from deferq._core.types import DeadTask
 from deferq._engine.deadindex import DeadIndex, StaleIndex
@@ -35,12 +36,14 @@ from deferq._engine.env import Env, FileStat, OpenFlag
 from deferq._engine.lazylog import Log
 
 log = Log("deferq")
+R = TypeVar("R")
 
 
 class DeadDeepPages:
     """The deep pages of ``DeadTaskStore`` (S-65..S-74)."""
 
     _env: Env
+    _data: str
     _cache: str  # the index cache's path (F-60)
     _lock_fd: int
     _index: DeadIndex | None
@@ -55,6 +58,7 @@ class DeadDeepPages:
     if TYPE_CHECKING:  # defined by DeadTaskStore and DeadReads
         def _locked(self, operation: str) -> contextlib.AbstractContextManager[None]: ...
         def _open_data(self, flags: OpenFlag) -> int | None: ...
+        def _check_usable(self) -> None: ...
         def _drop_index(self) -> None: ...
         def _report(self, corrupt: int, undecodable: list[str]) -> None: ...
         def _checked_index(self, fd: int, stat: FileStat, *,
@@ -67,9 +71,9 @@ class DeadDeepPages:
 
     # ------------------------------------------------------------------ the cache
 
-    def _save_cache(self, parts: Iterator[bytes]) -> None:
-        """Implements S-71: write a cache, best effort, under the locks."""
-        from deferq._engine.deadcache import write_cache  # a deep page's module, loaded by one
+    def _save_cache(self, parts: Iterator[bytes]) -> bool:
+        """Implements S-71: write a cache, best effort, under the locks; whether it was."""
+        from deferq._engine.deadcache import write_cache  # loaded by the deep reads only
 
         try:
             write_cache(self._env, self._cache, parts)
@@ -77,6 +81,8 @@ class DeadDeepPages:
             log.info("Could not write the dead-task index cache %s: %s", self._cache, exc)
             with contextlib.suppress(OSError):
                 self._env.unlink(self._cache + ".tmp")
+            return False
+        return True
 
     def _cached_list(self, fd: int, stat: FileStat, offset: int,
                      limit: int) -> list[DeadTask] | None:
@@ -85,7 +91,6 @@ class DeadDeepPages:
         from deferq._engine.deadcache import (
             CachedIndex,
             StaleCache,
-            merged_chunks,
             page_records,
             read_page,
             superseded_places,
@@ -103,16 +108,12 @@ class DeadDeepPages:
             lock_ctime = env.fstat(self._lock_fd).ctime_ns
             if not cache.usable(env, fd, stat, lock_ctime):
                 return None
-            tail_bytes = stat.size - cache.end
-            merge = tail_bytes > self._cache_tail_max
-            if tail_bytes > self._cache_merge_max:
-                return None  # S-68: too much to index in one hold of the locks: build instead
+            if stat.size - cache.end > self._cache_tail_max:
+                return None  # S-68: too long to index in this hold: merge or build first
             tail = self._index_class(stat, lock_ctime)
             tail.end = cache.end
             tail.extend(env, fd, stat.size)
             superseded = superseded_places(env, fd, cache, tail)
-            if merge:
-                self._save_cache(merged_chunks(cache, tail, superseded))
             records, stop = page_records(cache, tail, superseded, offset, limit)
             out: list[DeadTask] = []
             undecodable: list[str] = []
@@ -159,11 +160,37 @@ class DeadDeepPages:
                     return page
             finally:
                 env.close(fd)
+        if self._merge_in_steps():  # S-85: a usable cache with a long tail
+            with self._locked("read tasks from"):
+                fd = self._open_data(OpenFlag.READ)
+                if fd is None:
+                    return None
+                try:
+                    page = self._cached_list(fd, env.fstat(fd), offset, limit)
+                finally:
+                    env.close(fd)
+            if page is not None:
+                return page
         built = self._build_in_steps()
-        from deferq._engine.deadcache import cache_chunks
-
         if built is None:
             return None
+
+        def read(fd: int, stat: FileStat) -> list[DeadTask] | None:
+            try:
+                return self._list_indexed(built, fd, stat.size, offset, limit)
+            except StaleIndex:
+                self._drop_index()
+                return None
+
+        return self._install(built, read)
+
+    def _install(self, built: DeadIndex,
+                 then: Callable[[int, FileStat], R | None]) -> R | None:
+        """Make ``built`` this store's index and write its cache (S-71), in one hold of the
+        locks after checking and extending it (S-45, S-46); then ``then`` in that hold."""
+        from deferq._engine.deadcache import cache_chunks
+
+        env = self._env
         with self._locked("read tasks from"):
             fd = self._open_data(OpenFlag.READ)
             if fd is None:
@@ -175,24 +202,21 @@ class DeadDeepPages:
                 built.extend(env, fd, stat.size)
                 self._index = built
                 self._save_cache(cache_chunks(built))
-                try:
-                    return self._list_indexed(built, fd, stat.size, offset, limit)
-                except StaleIndex:
-                    self._drop_index()
-                    return None
+                return then(fd, stat)
             finally:
                 env.close(fd)
 
-    def _build_in_steps(self) -> DeadIndex | None:
+    def _build_in_steps(self, start: DeadIndex | None = None) -> DeadIndex | None:
         """Implements S-73: the index of the whole file, built forward in lock steps.
 
         Each step checks the file as S-45 says and indexes at most about
         ``DEAD_READ_STEP_BYTES`` more (twice that after a step that found no newline);
-        a failed check starts over, at most ``DEAD_READ_RESTARTS_MAX`` times.
+        a failed check starts over, at most ``DEAD_READ_RESTARTS_MAX`` times. With
+        ``start`` (a tail, S-85) it extends that index instead, and a failed check ends it.
         """
         env = self._env
         for _ in range(DEAD_READ_RESTARTS_MAX):
-            index: DeadIndex | None = None
+            index = start
             step = DEAD_READ_STEP_BYTES
             while True:
                 with self._locked("read tasks from"):
@@ -205,6 +229,8 @@ class DeadDeepPages:
                         if index is None:
                             index = self._index_class(stat, lock_ctime)
                         elif not index.usable(env, fd, stat, lock_ctime):
+                            if start is not None:
+                                return None
                             break  # compacted or replaced meanwhile: start over
                         before = index.end
                         target = min(stat.size, before + step)
@@ -215,3 +241,53 @@ class DeadDeepPages:
                     finally:
                         env.close(fd)
         return None
+
+    def _merge_in_steps(self) -> bool:
+        """Implements S-85: merge a tail of ``_cache_tail_max`` to ``_cache_merge_max`` bytes
+        into a new cache, the tail indexed in lock steps (S-73); whether a cache was written.
+        """
+        from deferq._engine.deadcache import CachedIndex, merged_chunks, superseded_places
+
+        env = self._env
+        with self._locked("read tasks from"):
+            fd = self._open_data(OpenFlag.READ)
+            if fd is None:
+                return False
+            try:
+                stat = env.fstat(fd)
+                lock_ctime = env.fstat(self._lock_fd).ctime_ns
+                try:
+                    cache = CachedIndex.open(env, self._cache)
+                except OSError:
+                    return False  # logged by the read that met it (S-66)
+                if cache is None:
+                    return False
+                if not (cache.usable(env, fd, stat, lock_ctime)
+                        and self._cache_tail_max < stat.size - cache.end <= self._cache_merge_max):
+                    cache.close()
+                    return False
+            finally:
+                env.close(fd)
+        try:
+            tail = self._index_class(stat, lock_ctime)
+            tail.end, tail.check_start, tail.check_crc = (cache.end, cache.check_start,
+                                                          cache.check_crc)
+            if self._build_in_steps(tail) is None:
+                return False
+            with self._locked("read tasks from"):
+                fd = self._open_data(OpenFlag.READ)
+                if fd is None:
+                    return False
+                try:
+                    stat = env.fstat(fd)
+                    lock_ctime = env.fstat(self._lock_fd).ctime_ns
+                    if not (cache.usable(env, fd, stat, lock_ctime)
+                            and tail.usable(env, fd, stat, lock_ctime)):
+                        return False
+                    tail.extend(env, fd, stat.size)
+                    return self._save_cache(merged_chunks(
+                        cache, tail, superseded_places(env, fd, cache, tail)))
+                finally:
+                    env.close(fd)
+        finally:
+            cache.close()

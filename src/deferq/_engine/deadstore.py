@@ -49,6 +49,7 @@ from deferq._engine.compact import DeadCompaction
 from deferq._engine.deadadds import DeadAdds, _AddRequest
 from deferq._engine.deadindex import DeadIndex
 from deferq._engine.deadlock import DeadLock, Held
+from deferq._engine.deadfold import DeadFold
 from deferq._engine.deadpages import DeadDeepPages
 from deferq._engine.deadreads import DeadReads
 from deferq._engine.env import Env, OpenFlag
@@ -74,7 +75,7 @@ def ancestors(path: str) -> list[str]:
             return out
 
 
-class DeadTaskStore(DeadAdds, DeadReads, DeadDeepPages, DeadCompaction):
+class DeadTaskStore(DeadAdds, DeadReads, DeadDeepPages, DeadFold, DeadCompaction):
     """The shared dead-task store of one storage directory and prefix. Thread-safe."""
 
     _index_class: type[DeadIndex] = DeadIndex  # S-10 (a mutant swaps it for a weaker one)

@@ -24,7 +24,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from deferq._core.types import DeadTask
 from deferq.backends.protocol import Backend, DeadTaskAdmin, DeadTaskFilters
@@ -56,6 +56,17 @@ class DeadTaskStream(Protocol):
         """Dead tasks newest first, each id at most once; ``offset`` skips ids and
         ``limit`` ends the read after that many more, those that do not decode included
         (S-33, S-34)."""
+
+
+R = TypeVar("R")
+
+
+@runtime_checkable
+class DeadTaskFold(Protocol):
+    """A dead-task store that can fold over all its tasks without holding their ids (S-86)."""
+
+    def fold_dead_tasks(self, fold: Callable[[Iterator[DeadTask]], R]) -> R | None:
+        """``fold`` of every dead task, or None when the store must be read in steps."""
 
 
 class Operator:
@@ -114,6 +125,10 @@ class Operator:
         """Counts of the dead tasks (Q-90: streamed when the store can stream)."""
         if not isinstance(self._dead, DeadTaskStream):
             return dead_stats(self._dead.list_dead_tasks())
+        if isinstance(self._dead, DeadTaskFold):  # S-86: through the index cache
+            counts = self._dead.fold_dead_tasks(dead_stats)
+            if counts is not None:
+                return counts
         return dead_stats(self._dead.iter_dead_tasks())
 
     def find_dead(self, task_id: str) -> DeadTask | None:
