@@ -436,7 +436,7 @@ def test_a_tail_merged_into_the_cache_gives_the_cache_a_build_of_the_whole_file_
     env.write(fd, after) if after else None
     whole = before + after
     stat = FileStat(1, 1, len(whole), 1, 0)
-    cache = CachedIndex.open(env, "/c")
+    cache = CachedIndex.open(env, "/c", len(whole))
     assert cache is not None
     tail = DeadIndex(stat, 0)
     tail.end = cache.end

@@ -170,7 +170,7 @@ def test_a_tail_over_the_read_limit_is_merged_into_the_cache_a_build_would_write
 def test_a_tail_longer_than_the_merge_limit_rebuilds_the_cache(
         store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cold_page(store, 1500, 10)
-    first = CachedIndex.open(DirEnv(str(store)), str(store / CACHE))
+    first = CachedIndex.open(DirEnv(str(store)), str(store / CACHE), os.path.getsize(store / DATA))
     assert first is not None
     end = first.end
     first.close()
@@ -181,7 +181,7 @@ def test_a_tail_longer_than_the_merge_limit_rebuilds_the_cache(
     assert os.path.getsize(store / DATA) - end > 512 * 1024
     page, builds = cold_page(store, 1500, 10)
     assert page == scan_page(store, 1500, 10) and builds == 1
-    again = CachedIndex.open(DirEnv(str(store)), str(store / CACHE))
+    again = CachedIndex.open(DirEnv(str(store)), str(store / CACHE), os.path.getsize(store / DATA))
     assert again is not None and again.end == os.path.getsize(store / DATA)
     again.close()
 
@@ -206,7 +206,7 @@ def test_a_damaged_cache_is_ignored_and_rebuilt(store: Path, kind: str) -> None:
     (store / CACHE).write_bytes(damaged_caches((store / CACHE).read_bytes())[kind])
     page, builds = cold_page(store, 1500, 10)
     assert page == scan_page(store, 1500, 10) and builds == 1
-    assert CachedIndex.open(DirEnv(str(store)), str(store / CACHE)) is not None
+    assert CachedIndex.open(DirEnv(str(store)), str(store / CACHE), os.path.getsize(store / DATA)) is not None
 
 
 def recrc(cache: bytearray) -> bytes:
@@ -488,3 +488,35 @@ def test_a_count_through_the_cache_holds_memory_bounded_by_a_step(tmp_path: Path
             tracemalloc.stop()
         assert builds == 0 and folded is not None and counts["dead_tasks"] == n
     assert peaks[1] < 1.5 * peaks[0] + 256 * 1024, peaks
+
+
+class CountingReads(DirEnv):
+    """The storage directory's Env, counting the bytes ``pread`` returned."""
+
+    read = 0
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        data = super().pread(fd, size, offset)
+        self.read += len(data)
+        return data
+
+
+@pytest.mark.spec("S-89", "S-66")
+def test_a_planted_cache_larger_than_its_data_file_could_need_is_refused_unread(
+        store: Path) -> None:
+    """A 4 GiB (sparse) cache whose header's counts match its size: refused by its counts
+    against the data file's size, before its CRC pass would read it all."""
+    header = struct.Struct("=8sIQQqQQIQQ")
+    places = (4 << 30) // 20
+    fields = header.pack(b"DQDIDX01", 0x01020304, 0, 0, 0, places * 20, 0, 0, places, 0)
+    with open(store / CACHE, "wb") as f:
+        f.write(fields)
+        f.truncate(header.size + 20 * places + 4)
+    env = CountingReads(str(store))
+    try:
+        assert CachedIndex.open(env, str(store / CACHE), os.path.getsize(store / DATA)) is None
+    finally:
+        env.close_directory()
+    assert env.read <= header.size
+    page, builds = cold_page(store, 1500, 10)
+    assert page == scan_page(store, 1500, 10) and builds == 1

@@ -54,6 +54,9 @@ _HEADER = struct.Struct("=8sIQQqQQIQQ")
 _DAMAGE = struct.Struct("=QQQIB")
 _CRC = struct.Struct("=I")
 _PLACE_BYTES = 8 + 8 + 4  # offset, length, id hash
+# The shortest record a place can name (``xxxxxxxx:dead_task:a:`` and its newline: 22 bytes);
+# a damaged line may be a lone newline.
+_RECORD_BYTES_MIN = 20
 _HASHES_PER_READ = READ_CHUNK_BYTES // 4
 
 
@@ -171,8 +174,13 @@ class CachedIndex:
         self.damage_count = damage_count
 
     @classmethod
-    def open(cls, env: Env, path: str) -> CachedIndex | None:
-        """The cache at ``path`` when it exists and its layout and CRC-32 hold, else None."""
+    def open(cls, env: Env, path: str, data_size: int) -> CachedIndex | None:
+        """The cache at ``path`` when it exists and its layout and CRC-32 hold, else None.
+
+        A cache of a data file of ``data_size`` bytes can index no more than that and name
+        no more places or damaged lines than such a file holds lines, so a larger one is
+        refused before its CRC is read (its size bounds that read by the data file's).
+        """
         try:
             fd = env.open(path, OpenFlag.READ)
         except FileNotFoundError:
@@ -185,7 +193,9 @@ class CachedIndex:
             header = _HEADER.unpack(head)
             if header[0] != MAGIC or header[1] != BYTE_ORDER_MARK:
                 raise _Unusable
-            places, damage = header[8], header[9]
+            end, places, damage = header[5], header[8], header[9]
+            if end > data_size or places * _RECORD_BYTES_MIN + damage > end:
+                raise _Unusable
             if size != _HEADER.size + _PLACE_BYTES * places + _DAMAGE.size * damage + _CRC.size:
                 raise _Unusable
             crc = 0

@@ -203,7 +203,7 @@ class DeadFold:
                 stat = env.fstat(fd)
                 lock_ctime = env.fstat(self._lock_fd).ctime_ns
                 try:
-                    cache = CachedIndex.open(env, self._cache)
+                    cache = CachedIndex.open(env, self._cache, stat.size)
                 except OSError as exc:  # not a regular file, not ours, unreadable (F-27)
                     log.warning("Ignoring the dead-task index cache %s: %s", self._cache, exc)
                     return None

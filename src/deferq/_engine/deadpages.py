@@ -98,7 +98,7 @@ class DeadDeepPages:
 
         env = self._env
         try:
-            cache = CachedIndex.open(env, self._cache)
+            cache = CachedIndex.open(env, self._cache, stat.size)
         except OSError as exc:  # not a regular file, not ours, unreadable (F-27)
             log.warning("Ignoring the dead-task index cache %s: %s", self._cache, exc)
             return None
@@ -257,7 +257,7 @@ class DeadDeepPages:
                 stat = env.fstat(fd)
                 lock_ctime = env.fstat(self._lock_fd).ctime_ns
                 try:
-                    cache = CachedIndex.open(env, self._cache)
+                    cache = CachedIndex.open(env, self._cache, stat.size)
                 except OSError:
                     return False  # logged by the read that met it (S-66)
                 if cache is None:
