@@ -10,6 +10,7 @@ waits a real one-second lease out.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -205,3 +206,22 @@ def test_a_task_whose_removal_or_re_add_failed_is_no_longer_renewed(
     assert a.renew_claims() == 0  # all three are left to expire, and to run again elsewhere
     assert sql(pg, "SELECT count(*) FROM {s}.pending") == [(3,)]
     assert sql(pg, "SELECT count(*) FROM {s}.dead") == [(0,)]
+
+
+@pytest.mark.spec("P-76")
+def test_a_prepared_claim_carries_its_limit_in_its_text(pg: PgSchema) -> None:
+    """After enough claims for psycopg to prepare them, the server holds one claim statement
+    per limit used, each with its limit written in: never a generic ``LIMIT $n``."""
+    with Postgres(dsn=pg.dsn, schema=pg.schema, create_schema=True) as producer, \
+            Postgres(dsn=pg.dsn, schema=pg.schema) as worker:
+        worker.start_claiming()
+        for n in range(40):
+            producer.add_task(b"%d" % n)
+        for limit in (1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2):
+            assert worker.claim_due(limit)
+        conn = worker._session.conn
+        assert conn is not None
+        texts = [str(row[0]) for row in conn.execute(
+            "SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%SKIP LOCKED%'")]
+    assert len(texts) == 2, texts  # prepared: one per limit
+    assert sorted(re.findall(r"LIMIT (\S+)", t)[0] for t in texts) == ["1", "2"]
