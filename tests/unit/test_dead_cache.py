@@ -13,6 +13,7 @@ in subprocesses for the fresh-process rows.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -87,6 +88,30 @@ def cold_page(store: Path, offset: int, limit: int) -> tuple[list[str], int]:
         return [t.id for t in view.iter_dead_tasks(offset=offset, limit=limit)], len(builds)
     finally:
         view.close()
+
+
+@contextlib.contextmanager
+def compacting_at(monkeypatch: pytest.MonkeyPatch, store: Path, hold: int,
+                  ids: list[str]) -> Iterator[None]:
+    """Another worker removes ``ids`` (a compaction) just before the reader's ``hold``-th
+    hold of the locks."""
+    holds = [0]
+    real = DeadTaskStore._locked
+    disk = Disk(path=store, prefix=PREFIX, fsync_frequency=0)
+
+    def compact_once(self: DeadTaskStore, operation: str) -> object:
+        holds[0] += 1
+        if holds[0] == hold and self is not disk._dead:
+            assert disk.remove_dead_tasks(ids) == len(ids)
+        return real(self, operation)
+
+    monkeypatch.setattr(DeadTaskStore, "_locked", compact_once)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(DeadTaskStore, "_locked", real)
+        disk.close()
+    assert holds[0] > hold, "the reader ended before the compaction"
 
 
 IDS = [f"t{n}" for n in range(3000)] + [f"t{n}" for n in range(0, 3000, 5)]  # 600 re-added
@@ -314,22 +339,8 @@ def test_the_build_holds_the_locks_in_steps(store: Path,
 def test_a_compaction_between_build_steps_starts_the_build_over(
         store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_deadpages, "DEAD_READ_STEP_BYTES", 256 * 1024)
-    holds = [0]
-    real = DeadTaskStore._locked
-    disk = Disk(path=store, prefix=PREFIX, fsync_frequency=0)
-
-    def compact_once(self: DeadTaskStore, operation: str) -> object:
-        holds[0] += 1
-        if holds[0] == 3 and self is not disk._dead:
-            disk.remove_dead_tasks(["t1"])  # another worker compacts between two steps
-        return real(self, operation)
-
-    monkeypatch.setattr(DeadTaskStore, "_locked", compact_once)
-    try:
+    with compacting_at(monkeypatch, store, 3, ["t1"]):  # between two steps of the build
         page, builds = cold_page(store, 1500, 10)
-    finally:
-        disk.close()
-    monkeypatch.setattr(DeadTaskStore, "_locked", real)
     assert page == scan_page(store, 1500, 10) and builds == 1
 
 
@@ -430,22 +441,8 @@ def test_a_compaction_during_the_count_starts_it_over(
         store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stats_of(store)  # the cache
     monkeypatch.setattr(_deadfold, "DEAD_READ_STEP_BYTES", 64 * 1024)
-    holds = [0]
-    real = DeadTaskStore._locked
-    disk = Disk(path=store, prefix=PREFIX, fsync_frequency=0)
-
-    def compact_once(self: DeadTaskStore, operation: str) -> object:
-        holds[0] += 1
-        if holds[0] == 4 and self is not disk._dead:
-            disk.remove_dead_tasks(["t7", "t2000"])  # between two steps of the count
-        return real(self, operation)
-
-    monkeypatch.setattr(DeadTaskStore, "_locked", compact_once)
-    try:
+    with compacting_at(monkeypatch, store, 4, ["t7", "t2000"]):  # between two count steps
         counts, folded, builds = stats_of(store)
-    finally:
-        disk.close()
-    monkeypatch.setattr(DeadTaskStore, "_locked", real)
     assert folded is not None and builds == 1  # the compaction made the cache stale
     assert counts == stepped_stats(store) and counts["dead_tasks"] == 2998
 

@@ -153,6 +153,9 @@ class DeadFold:
         def _build_in_steps(self, start: DeadIndex | None = None) -> DeadIndex | None: ...
         def _install(self, built: DeadIndex,
                      then: Callable[[int, FileStat], R | None]) -> R | None: ...
+        def _held_file(self) -> contextlib.AbstractContextManager[
+            tuple[int, FileStat, int] | None]: ...
+        def _open_cache(self, data_size: int) -> CachedIndex | None: ...
 
     def fold_tasks(self, fold: Callable[[Iterator[DeadTask]], R]) -> R | None:
         """Implements S-86, S-87: ``fold`` over every dead task, read through the cache.
@@ -193,39 +196,31 @@ class DeadFold:
     def _try_snapshot(self) -> CacheSnapshot | None:
         """One hold of the locks: the cache opened and checked, its tail (at most
         ``_cache_tail_max`` bytes) indexed, the places it supersedes found."""
-        from deferq._engine.deadcache import CachedIndex, superseded_places
+        from deferq._engine.deadcache import superseded_places
+
         env = self._env
-        with self._locked("read tasks from"):
-            fd = self._open_data(OpenFlag.READ)
-            if fd is None:
+        with self._held_file() as held:
+            if held is None:
+                return None
+            fd, stat, lock_ctime = held
+            cache = self._open_cache(stat.size)
+            if cache is None:
+                return None
+            if not (cache.usable(env, fd, stat, lock_ctime)
+                    and stat.size - cache.end <= self._cache_tail_max):
+                cache.close()
                 return None
             try:
-                stat = env.fstat(fd)
-                lock_ctime = env.fstat(self._lock_fd).ctime_ns
-                try:
-                    cache = CachedIndex.open(env, self._cache, stat.size)
-                except OSError as exc:  # not a regular file, not ours, unreadable (F-27)
-                    log.warning("Ignoring the dead-task index cache %s: %s", self._cache, exc)
-                    return None
-                if cache is None:
-                    return None
-                if not (cache.usable(env, fd, stat, lock_ctime)
-                        and stat.size - cache.end <= self._cache_tail_max):
-                    cache.close()
-                    return None
-                try:
-                    tail = self._index_class(stat, lock_ctime)
-                    tail.end = cache.end
-                    tail.extend(env, fd, stat.size)
-                    snapshot = CacheSnapshot(env, self._data, self._lock_fd, self._locked, cache,
-                                             tail, superseded_places(env, fd, cache, tail))
-                except BaseException:
-                    cache.close()
-                    raise
-                snapshot.corrupt += stat.size > tail.end  # a torn tail (R-@F)
-                return snapshot
-            finally:
-                env.close(fd)
+                tail = self._index_class(stat, lock_ctime)
+                tail.end = cache.end
+                tail.extend(env, fd, stat.size)
+                snapshot = CacheSnapshot(env, self._data, self._lock_fd, self._locked, cache,
+                                         tail, superseded_places(env, fd, cache, tail))
+            except BaseException:
+                cache.close()
+                raise
+            snapshot.corrupt += stat.size > tail.end  # a torn tail (R-@F)
+            return snapshot
 
     def _cache_writable(self) -> bool:
         """Whether the cache's staging file can be created (not on a read-only mount)."""

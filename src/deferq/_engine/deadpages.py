@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 from deferq._core.deadcodec import decode_dead_record
@@ -37,6 +38,9 @@ from deferq._engine.lazylog import Log
 
 log = Log("deferq")
 R = TypeVar("R")
+
+if TYPE_CHECKING:
+    from deferq._engine.deadcache import CachedIndex
 
 
 class DeadDeepPages:
@@ -84,12 +88,22 @@ class DeadDeepPages:
             return False
         return True
 
+    def _open_cache(self, data_size: int) -> CachedIndex | None:
+        """Implements S-66, S-89: the cache, checked on its own; None when it cannot be used
+        (an entry that is not ours or not a regular file is ignored with a warning)."""
+        from deferq._engine.deadcache import CachedIndex
+
+        try:
+            return CachedIndex.open(self._env, self._cache, data_size)
+        except OSError as exc:  # not a regular file, not ours, unreadable (F-27)
+            log.warning("Ignoring the dead-task index cache %s: %s", self._cache, exc)
+            return None
+
     def _cached_list(self, fd: int, stat: FileStat, offset: int,
                      limit: int) -> list[DeadTask] | None:
         """Implements S-66..S-70: the page read through the cache, or None when it is unusable."""
         # Loaded here: the commands that never read a deep page (most) do not pay for it.
         from deferq._engine.deadcache import (
-            CachedIndex,
             StaleCache,
             page_records,
             read_page,
@@ -97,11 +111,7 @@ class DeadDeepPages:
         )
 
         env = self._env
-        try:
-            cache = CachedIndex.open(env, self._cache, stat.size)
-        except OSError as exc:  # not a regular file, not ours, unreadable (F-27)
-            log.warning("Ignoring the dead-task index cache %s: %s", self._cache, exc)
-            return None
+        cache = self._open_cache(stat.size)
         if cache is None:
             return None
         try:
@@ -136,39 +146,34 @@ class DeadDeepPages:
 
     # ------------------------------------------------------------------ a deep page
 
+    def _held_file(self) -> contextlib.AbstractContextManager[Held | None]:
+        """Both locks (L-1..L-3) and the data file opened by path (S-3), closed on exit:
+        (its descriptor, its stat, the lock file's ctime), or None when it is missing."""
+        return _HeldFile(self)
+
     def _deep_page(self, offset: int, limit: int) -> list[DeadTask] | None:
         """Implements S-72: the page through the index or the cache, building both if needed.
 
         None when the data file is missing or the build could not finish (the caller
         then reads the page in lock steps, S-27).
         """
-        env = self._env
-        with self._locked("read tasks from"):
-            fd = self._open_data(OpenFlag.READ)
-            if fd is None:
+        with self._held_file() as held:
+            if held is None:
                 return None
-            try:
-                stat = env.fstat(fd)
-                index = self._checked_index(fd, stat)
-                if index is not None:
-                    try:
-                        return self._list_indexed(index, fd, stat.size, offset, limit)
-                    except StaleIndex:
-                        self._drop_index()
-                page = self._cached_list(fd, stat, offset, limit)
-                if page is not None:
-                    return page
-            finally:
-                env.close(fd)
-        if self._merge_in_steps():  # S-85: a usable cache with a long tail
-            with self._locked("read tasks from"):
-                fd = self._open_data(OpenFlag.READ)
-                if fd is None:
-                    return None
+            fd, stat, _ = held
+            index = self._checked_index(fd, stat)
+            if index is not None:
                 try:
-                    page = self._cached_list(fd, env.fstat(fd), offset, limit)
-                finally:
-                    env.close(fd)
+                    return self._list_indexed(index, fd, stat.size, offset, limit)
+                except StaleIndex:
+                    self._drop_index()
+            page = self._cached_list(fd, stat, offset, limit)
+            if page is not None:
+                return page
+        if self._merge_in_steps():  # S-85: a usable cache with a long tail
+            with self._held_file() as held:
+                page = None if held is None else self._cached_list(held[0], held[1], offset,
+                                                                   limit)
             if page is not None:
                 return page
         built = self._build_in_steps()
@@ -190,21 +195,16 @@ class DeadDeepPages:
         locks after checking and extending it (S-45, S-46); then ``then`` in that hold."""
         from deferq._engine.deadcache import cache_chunks
 
-        env = self._env
-        with self._locked("read tasks from"):
-            fd = self._open_data(OpenFlag.READ)
-            if fd is None:
+        with self._held_file() as held:
+            if held is None:
                 return None
-            try:
-                stat = env.fstat(fd)
-                if not built.usable(env, fd, stat, env.fstat(self._lock_fd).ctime_ns):
-                    return None
-                built.extend(env, fd, stat.size)
-                self._index = built
-                self._save_cache(cache_chunks(built))
-                return then(fd, stat)
-            finally:
-                env.close(fd)
+            fd, stat, lock_ctime = held
+            if not built.usable(self._env, fd, stat, lock_ctime):
+                return None
+            built.extend(self._env, fd, stat.size)
+            self._index = built
+            self._save_cache(cache_chunks(built))
+            return then(fd, stat)
 
     def _build_in_steps(self, start: DeadIndex | None = None) -> DeadIndex | None:
         """Implements S-73: the index of the whole file, built forward in lock steps.
@@ -219,75 +219,93 @@ class DeadDeepPages:
             index = start
             step = DEAD_READ_STEP_BYTES
             while True:
-                with self._locked("read tasks from"):
-                    fd = self._open_data(OpenFlag.READ)
-                    if fd is None:
+                with self._held_file() as held:
+                    if held is None:
                         return None
-                    try:
-                        stat = env.fstat(fd)
-                        lock_ctime = env.fstat(self._lock_fd).ctime_ns
-                        if index is None:
-                            index = self._index_class(stat, lock_ctime)
-                        elif not index.usable(env, fd, stat, lock_ctime):
-                            if start is not None:
-                                return None
-                            break  # compacted or replaced meanwhile: start over
-                        before = index.end
-                        target = min(stat.size, before + step)
-                        index.extend(env, fd, target)
-                        if target == stat.size:
-                            return index
-                        step = DEAD_READ_STEP_BYTES if index.end > before else 2 * step
-                    finally:
-                        env.close(fd)
+                    fd, stat, lock_ctime = held
+                    if index is None:
+                        index = self._index_class(stat, lock_ctime)
+                    elif not index.usable(env, fd, stat, lock_ctime):
+                        if start is not None:
+                            return None
+                        break  # compacted or replaced meanwhile: start over
+                    before = index.end
+                    target = min(stat.size, before + step)
+                    index.extend(env, fd, target)
+                    if target == stat.size:
+                        return index
+                    step = DEAD_READ_STEP_BYTES if index.end > before else 2 * step
         return None
 
     def _merge_in_steps(self) -> bool:
         """Implements S-85: merge a tail of ``_cache_tail_max`` to ``_cache_merge_max`` bytes
         into a new cache, the tail indexed in lock steps (S-73); whether a cache was written.
         """
-        from deferq._engine.deadcache import CachedIndex, merged_chunks, superseded_places
+        from deferq._engine.deadcache import merged_chunks, superseded_places
 
         env = self._env
-        with self._locked("read tasks from"):
-            fd = self._open_data(OpenFlag.READ)
-            if fd is None:
+        with self._held_file() as held:
+            if held is None:
                 return False
-            try:
-                stat = env.fstat(fd)
-                lock_ctime = env.fstat(self._lock_fd).ctime_ns
-                try:
-                    cache = CachedIndex.open(env, self._cache, stat.size)
-                except OSError:
-                    return False  # logged by the read that met it (S-66)
-                if cache is None:
-                    return False
-                if not (cache.usable(env, fd, stat, lock_ctime)
-                        and self._cache_tail_max < stat.size - cache.end <= self._cache_merge_max):
-                    cache.close()
-                    return False
-            finally:
-                env.close(fd)
+            fd, stat, lock_ctime = held
+            cache = self._open_cache(stat.size)
+            if cache is None:
+                return False
+            if not (cache.usable(env, fd, stat, lock_ctime)
+                    and self._cache_tail_max < stat.size - cache.end <= self._cache_merge_max):
+                cache.close()
+                return False
         try:
             tail = self._index_class(stat, lock_ctime)
             tail.end, tail.check_start, tail.check_crc = (cache.end, cache.check_start,
                                                           cache.check_crc)
             if self._build_in_steps(tail) is None:
                 return False
-            with self._locked("read tasks from"):
-                fd = self._open_data(OpenFlag.READ)
-                if fd is None:
+            with self._held_file() as held:
+                if held is None:
                     return False
-                try:
-                    stat = env.fstat(fd)
-                    lock_ctime = env.fstat(self._lock_fd).ctime_ns
-                    if not (cache.usable(env, fd, stat, lock_ctime)
-                            and tail.usable(env, fd, stat, lock_ctime)):
-                        return False
-                    tail.extend(env, fd, stat.size)
-                    return self._save_cache(merged_chunks(
-                        cache, tail, superseded_places(env, fd, cache, tail)))
-                finally:
-                    env.close(fd)
+                fd, stat, lock_ctime = held
+                if not (cache.usable(env, fd, stat, lock_ctime)
+                        and tail.usable(env, fd, stat, lock_ctime)):
+                    return False
+                tail.extend(env, fd, stat.size)
+                return self._save_cache(merged_chunks(
+                    cache, tail, superseded_places(env, fd, cache, tail)))
         finally:
             cache.close()
+
+
+Held = tuple[int, FileStat, int]  # the data file's descriptor, its stat, the lock file's ctime
+
+
+class _HeldFile:
+    """``DeadDeepPages._held_file``: a class, not a generator, as it runs once per step."""
+
+    __slots__ = ("_store", "_locks", "_fd")
+
+    def __init__(self, store: DeadDeepPages) -> None:
+        self._store = store
+        self._locks = store._locked("read tasks from")
+        self._fd: int | None = None
+
+    def __enter__(self) -> Held | None:
+        self._locks.__enter__()
+        try:
+            store = self._store
+            fd = self._fd = store._open_data(OpenFlag.READ)
+            if fd is None:
+                return None
+            env = store._env
+            return fd, env.fstat(fd), env.fstat(store._lock_fd).ctime_ns
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        try:
+            if self._fd is not None:
+                self._store._env.close(self._fd)
+                self._fd = None
+        finally:
+            self._locks.__exit__(kind, value, traceback)
