@@ -286,12 +286,13 @@ page_ops = st.one_of(ops, st.tuples(st.just("page"), st.integers(0, 6), st.integ
 
 @pytest.mark.slow
 @pytest.mark.spec("S-65", "S-67", "S-68", "S-69", "S-70", "S-74", "S-72", "S-73", "S-85", "S-86",
-                  "F-60")
+                  "S-90", "F-60")
 @settings(max_examples=300)
 @given(st.lists(page_ops, max_size=40), st.integers(0, 400), st.integers(0, 1200),
-       st.integers(1, 300))
+       st.integers(1, 300), st.sampled_from([0, 0, 0, 4]))
 def test_every_page_through_the_index_cache_equals_the_scan_of_the_file_as_it_is(
-        steps: list[tuple[object, ...]], tail_max: int, merge_max: int, step_bytes: int) -> None:
+        steps: list[tuple[object, ...]], tail_max: int, merge_max: int, step_bytes: int,
+        scan_share: int) -> None:
     """Every page is a deep page here: read through the cache (with the tail appended
     since it was written, under any tail limit, merged into a new cache or not), or built
     in steps of any size."""
@@ -299,6 +300,7 @@ def test_every_page_through_the_index_cache_equals_the_scan_of_the_file_as_it_is
         patch.setattr(DeadTaskStore, "_cache_offset_min", 0)
         patch.setattr(DeadTaskStore, "_cache_tail_max", tail_max)
         patch.setattr(DeadTaskStore, "_cache_merge_max", merge_max)
+        patch.setattr(DeadTaskStore, "_cache_scan_share", scan_share)  # 0: never S-90's scan
         patch.setattr(_deadpages, "DEAD_READ_STEP_BYTES", step_bytes)
         run(steps)
 

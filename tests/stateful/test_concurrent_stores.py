@@ -311,6 +311,7 @@ def run_concurrently(seed: int, plans: list[list[Op]], frequencies: list[float],
         # S-65..S-74: pages past the first go through the index cache, built in small steps.
         patch.setattr(DeadTaskStore, "_cache_offset_min", 1)
         patch.setattr(DeadTaskStore, "_cache_tail_max", 300)
+        patch.setattr(DeadTaskStore, "_cache_scan_share", 0)  # S-90 would scan them all
         patch.setattr(_deadpages, "DEAD_READ_STEP_BYTES", 256)
         _run(seed, plans, frequencies, boot, choices, max_steps, power, kill, work_around)
 

@@ -109,6 +109,7 @@ class StorageMachine(RuleBasedStateMachine):
         # and build steps are small enough that the machine meets each of their paths.
         self._patch.setattr(DeadTaskStore, "_cache_offset_min", 1)
         self._patch.setattr(DeadTaskStore, "_cache_tail_max", 300)
+        self._patch.setattr(DeadTaskStore, "_cache_scan_share", 0)  # S-90 would scan them
         self._patch.setattr(_deadpages, "DEAD_READ_STEP_BYTES", 256)
         self.sim = SimDisk(0)
         self.model = StorageModel()

@@ -204,8 +204,8 @@ def test_a_tail_longer_than_the_merge_limit_rebuilds_the_cache(
     with open(store / DATA, "ab") as f:
         f.write(b"".join(encode_dead(dead(f"late-{n}")) for n in range(4000)))
     assert os.path.getsize(store / DATA) - end > 512 * 1024
-    page, builds = cold_page(store, 1500, 10)
-    assert page == scan_page(store, 1500, 10) and builds == 1
+    page, builds = cold_page(store, 5000, 10)  # deeper than the newest quarter (S-90)
+    assert page == scan_page(store, 5000, 10) and builds == 1
     again = CachedIndex.open(DirEnv(str(store)), str(store / CACHE), os.path.getsize(store / DATA))
     assert again is not None and again.end == os.path.getsize(store / DATA)
     again.close()
@@ -517,3 +517,15 @@ def test_a_planted_cache_larger_than_its_data_file_could_need_is_refused_unread(
     assert env.read <= header.size
     page, builds = cold_page(store, 1500, 10)
     assert page == scan_page(store, 1500, 10) and builds == 1
+
+
+@pytest.mark.spec("S-90")
+def test_a_page_in_the_newest_quarter_is_scanned_and_a_deeper_one_builds(
+        tmp_path: Path) -> None:
+    store = make_store(tmp_path, [f"id-{i}" for i in range(20_000)])
+    page, builds = cold_page(store, 1500, 50)  # about 8 % of the file from its end
+    assert page == scan_page(store, 1500, 50) and builds == 0
+    assert not (store / CACHE).exists()
+    page, builds = cold_page(store, 6000, 50)  # about 30 %: a build, and the cache for later
+    assert page == scan_page(store, 6000, 50) and builds == 1
+    assert (store / CACHE).is_file()

@@ -50,6 +50,8 @@ DEAD_CACHE_OFFSET_MIN: Final = 1000
 DEAD_CACHE_TAIL_BYTES_MAX: Final = 1024 * 1024
 # S-85: the most bytes appended since the cache was written that a read merges into it.
 DEAD_CACHE_MERGE_BYTES_MAX: Final = 8 * 1024 * 1024
+# S-90: a deep page with no cache whose records lie in the newest 1/4 of the file is scanned.
+DEAD_CACHE_SCAN_SHARE: Final = 4
 # W-35: orphan WAL files a worker holds open at once while it adopts them (plus its own copy).
 ADOPT_FILES_MAX: Final = 64
 

@@ -26,10 +26,11 @@ from deferq._core.frame import BadLine
 from deferq._core.limits import (
     DEAD_CACHE_MERGE_BYTES_MAX,
     DEAD_CACHE_OFFSET_MIN,
+    DEAD_CACHE_SCAN_SHARE,
     DEAD_CACHE_TAIL_BYTES_MAX,
     DEAD_READ_RESTARTS_MAX,
     DEAD_READ_STEP_BYTES,
-    FILE_MODE,
+    READ_CHUNK_BYTES,
 )
 from deferq._core.types import DeadTask
 from deferq._engine.deadindex import DeadIndex, StaleIndex
@@ -58,6 +59,8 @@ class DeadDeepPages:
     _cache_tail_max: int = DEAD_CACHE_TAIL_BYTES_MAX
     #: The most such bytes a read merges into a new cache rather than building one (S-85).
     _cache_merge_max: int = DEAD_CACHE_MERGE_BYTES_MAX
+    #: A page whose records lie in the newest 1/share of the file is scanned, not built (S-90).
+    _cache_scan_share: int = DEAD_CACHE_SCAN_SHARE
 
     if TYPE_CHECKING:  # defined by DeadTaskStore and DeadReads
         def _locked(self, operation: str) -> contextlib.AbstractContextManager[None]: ...
@@ -77,7 +80,9 @@ class DeadDeepPages:
 
     def _save_cache(self, parts: Iterator[bytes]) -> bool:
         """Implements S-71: write a cache, best effort, under the locks; whether it was."""
-        from deferq._engine.deadcache import write_cache  # loaded by the deep reads only
+        from deferq._engine.deadcache import (
+            write_cache,  # loaded by the deep reads only
+        )
 
         try:
             write_cache(self._env, self._cache, parts)
@@ -170,6 +175,9 @@ class DeadDeepPages:
             page = self._cached_list(fd, stat, offset, limit)
             if page is not None:
                 return page
+            near = self._near_the_end(fd, stat.size, offset + limit)
+        if near:
+            return None  # S-90: a scan to the page reads less than a build: no cache for it
         if self._merge_in_steps():  # S-85: a usable cache with a long tail
             with self._held_file() as held:
                 page = None if held is None else self._cached_list(held[0], held[1], offset,
@@ -188,6 +196,18 @@ class DeadDeepPages:
                 return None
 
         return self._install(built, read)
+
+    def _near_the_end(self, fd: int, size: int, places: int) -> bool:
+        """Implements S-90: whether ``places`` records, at the size of the newest ones, take
+        less than ``1 / _cache_scan_share`` of the file (so the scan of S-27 to them reads
+        little of it); never with a share of 0."""
+        share = self._cache_scan_share
+        if not share:
+            return False
+        length = min(READ_CHUNK_BYTES, size)
+        newest = self._env.pread(fd, length, size - length)
+        lines = newest.count(b"\n")
+        return lines > 0 and places * len(newest) * share < lines * size
 
     def _install(self, built: DeadIndex,
                  then: Callable[[int, FileStat], R | None]) -> R | None:
@@ -281,7 +301,7 @@ Held = tuple[int, FileStat, int]  # the data file's descriptor, its stat, the lo
 class _HeldFile:
     """``DeadDeepPages._held_file``: a class, not a generator, as it runs once per step."""
 
-    __slots__ = ("_store", "_locks", "_fd")
+    __slots__ = ("_fd", "_locks", "_store")
 
     def __init__(self, store: DeadDeepPages) -> None:
         self._store = store
