@@ -1,10 +1,13 @@
-"""Deep pages of the dead-task store: through the index cache, or by building it (S-65..S-74).
+"""Deep pages of the dead-task store: through the index cache, or by building it
+(spec/dead-tasks.md S-65..S-74, S-85, S-89, S-90).
 
 Rules: a page at ``offset`` of ``DEAD_CACHE_OFFSET_MIN`` places or more is read, under
 the store's locks, through the per-process index when one is usable (S-11), else
 through the index cache (``deadcache.py``) when it is usable and its tail is short
-(S-66..S-70), else by building the index in lock steps of ``DEAD_READ_STEP_BYTES``,
-writing the cache and reading the page through the new index (S-72). The result is
+(S-66..S-70); else, when the page lies in the newest quarter of the file, by the
+stepped scan (S-90); else the cache's tail is merged into a new cache when it is 1 to
+8 MiB long (S-85), or the index is built in lock steps of ``DEAD_READ_STEP_BYTES``,
+the cache written and the page read through the new index (S-72, S-73). The result is
 always the page the scan of S-6 returns on the same file (S-11, S-65).
 
 Theory of operation: every other read is unchanged: the newest pages are cheaper to
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
 
 
 class DeadDeepPages:
-    """The deep pages of ``DeadTaskStore`` (S-65..S-74)."""
+    """The deep pages of ``DeadTaskStore`` and the cache's upkeep (S-65..S-74, S-85, S-90)."""
 
     _env: Env
     _data: str
