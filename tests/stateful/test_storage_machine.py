@@ -327,6 +327,30 @@ class StorageMachine(RuleBasedStateMachine):
         self._ordered(worker.name, task_id, added=True)
 
     @precondition(lambda self: len(self.workers) > 0)
+    @rule(slot=slots, data=st.data())
+    def remove_tasks(self, slot: int, data: st.DataObject) -> None:
+        """W-79: several removals in one append (the queue's successes of a batch, Q-170),
+        with ids not pending here (nothing written for them) and repeats."""
+        worker = self._pick(slot)
+        pending = sorted(self._expected_pending(worker.name))
+        batch = data.draw(st.lists(st.sampled_from([*pending, "1-1-99"]), max_size=4),
+                          label="batch")
+        before = worker.disk._wal.file_name
+        removed = [task_id for task_id in dict.fromkeys(batch) if task_id in pending]
+        assert worker.disk.remove_tasks(batch) == len(removed)
+        if not removed:
+            return
+        event("remove_tasks wrote several records" if len(removed) > 1 else
+              "remove_tasks wrote one record")
+        self.model.acked(self.model.remove_tasks(worker.name, removed),
+                         durable=worker.frequency == 0)
+        for task_id in removed:
+            self._ordered(worker.name, task_id, added=False)
+        if worker.disk._wal.file_name != before:
+            self.rotations += 1
+            event("WAL rotated")
+
+    @precondition(lambda self: len(self.workers) > 0)
     @rule(task_id=consumes(tasks))
     def remove_task(self, task_id: str) -> None:
         self.in_bundle.discard(task_id)
@@ -471,8 +495,8 @@ class StorageMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.workers) > 0)
     @rule(target=tasks, slot=slots,
           point=st.one_of(st.integers(1, 24), st.sampled_from(CRASH_OPS)), after=st.booleans(),
-          kind=st.sampled_from(["add", "remove", "give_up", "dead_add", "dead_remove", "sync",
-                                "close", "sweep", "dead_page"]),
+          kind=st.sampled_from(["add", "remove", "remove_tasks", "give_up", "dead_add",
+                                "dead_remove", "sync", "close", "sweep", "dead_page"]),
           data=st.data())
     def crash_mid_operation(self, slot: int, point: int | str, after: bool, kind: str,
                             data: st.DataObject) -> object:
@@ -485,9 +509,10 @@ class StorageMachine(RuleBasedStateMachine):
         op_name, nth = (point, 1) if isinstance(point, str) else ("*", point)
         self.sim.inject(FaultRule(op=op_name, fault=Crash(after=after), nth=nth, pid=pid))
         pending = sorted(self._expected_pending(worker.name))
-        if kind in ("remove", "give_up") and not pending:
+        if kind in ("remove", "remove_tasks", "give_up") and not pending:
             kind = "add"
         new: list[str] = []
+        batch: list[str] = []
         op = None
         dead = False
         sweep_ids = {i for i, o in self.owner.items() if o in self.orphans}
@@ -509,6 +534,11 @@ class StorageMachine(RuleBasedStateMachine):
                 task_id = data.draw(st.sampled_from(pending), label="task_id")
                 op = self.model.remove_task(worker.name, task_id)
                 worker.disk.remove_task(task_id)
+            elif kind == "remove_tasks":  # W-79: a crash in the one append of several
+                batch = data.draw(st.lists(st.sampled_from(pending), min_size=1, max_size=3,
+                                           unique=True), label="batch")
+                op = self.model.remove_tasks(worker.name, batch)
+                worker.disk.remove_tasks(batch)
             elif kind == "give_up":
                 # D-13: the dead-task add, then the WAL removal; a crash in either leaves
                 # the task in one store or both.
@@ -569,6 +599,9 @@ class StorageMachine(RuleBasedStateMachine):
             self.model.acked(op, durable=dead or worker.frequency == 0)
             if kind in ("add", "remove", "give_up"):
                 self._ordered(worker.name, task_id, added=kind == "add")
+            elif kind == "remove_tasks":
+                for removed in batch:
+                    self._ordered(worker.name, removed, added=False)
             if kind in ("dead_add", "dead_remove", "give_up") and not self.dead_ambiguous:
                 self.dead_order = dead_of(worker.disk)[1]
         return multiple(*new)
@@ -652,7 +685,7 @@ class RotatingMachine(StorageMachine):
 TestStorageMachine = pytest.mark.slow(pytest.mark.spec(
     "D-1", "D-2", "D-3", "D-4", "D-7", "D-9", "D-12", "D-13", "W-4", "W-6", "W-7", "W-9",
     "W-10", "A-11", "D-15", "W-24", "D-21", "W-30", "W-32", "S-65", "S-71", "S-72",
-    "S-73", "S-86")(StorageMachine.TestCase))
+    "S-73", "S-86", "W-79")(StorageMachine.TestCase))
 TestStorageMachine.settings = machine_settings(max_examples=150, stateful_step_count=50)
 
 

@@ -165,6 +165,10 @@ class StorageModel:
     def remove_task(self, worker: str, task_id: str) -> int:
         return self._issue(self.wal, [task_id], ABSENT, worker)
 
+    def remove_tasks(self, worker: str, task_ids: list[str]) -> int:
+        """``remove_tasks`` of ids pending in ``worker``'s WAL: one removal each (W-79)."""
+        return self._issue(self.wal, list(dict.fromkeys(task_ids)), ABSENT, worker)
+
     def add_dead(self, task_id: str, task: Dead, worker: str = "") -> int:
         return self._issue(self.dead, [task_id], task, worker)
 

@@ -70,6 +70,20 @@ def encode_rem(task_id: str) -> bytes:
     return b"%08x:%b\n" % (crc32(body), body)
 
 
+def encode_rems(task_ids: list[str]) -> bytes:
+    """The ``rem`` lines of ``task_ids``, in order, as one string of bytes (W-79).
+
+    pre: all(task_id_problem(t) is None for t in task_ids)
+    post: __return__ == b"".join(encode_rem(t) for t in task_ids)
+    """
+    # One call for a batch of removals: encode_rem's framing, inlined in the loop.
+    lines = []
+    for task_id in task_ids:
+        body = b"rem:" + task_id.encode()
+        lines.append(b"%08x:%b\n" % (crc32(body), body))
+    return b"".join(lines)
+
+
 def decode_wal_line(line: bytes) -> WalAdd | WalRem | BadLine:
     """Decode one WAL line without its newline (F-6, F-7, R-@A..R-@D)."""
     body = unframe(line)

@@ -48,7 +48,7 @@ from deferq._core.limits import (
 from deferq._core.recovery import live_fields
 from deferq._core.taskid import check_task_id
 from deferq._core.types import PendingTask
-from deferq._core.walcodec import WalAdd, decode_wal_line, encode_add, encode_rem
+from deferq._core.walcodec import WalAdd, decode_wal_line, encode_add, encode_rem, encode_rems
 from deferq._engine.env import Env, MappedWindow
 from deferq._engine.ids import id_source
 from deferq._engine.walbase import OPEN, WalState
@@ -201,17 +201,58 @@ class TasksWal(WalSweep):
             self._size = end
             self._written += 1
             del self._live[task_id]
-            # Implements W-8: f = 0, or an fsync is due (and none is in flight).
-            if sync and (self._fsync_frequency_s == 0
-                         or (self._monotonic() >= self._sync_due_s and not self._syncing)):
-                self._sync_locked()
-            # Implements W-23: rotation closes the old file, so it waits while an fsync of
-            # it is in flight; the size stays over the limit and a later remove rotates.
-            # (The state is checked again: waiting for an fsync released the mutex, and
-            # close() may have run meanwhile.)
-            if (self._size >= self._limit and not self._syncing
-                    and self._state is WalState.OPEN):
-                self._rotate()
+            self._after_removal(sync)
+        finally:
+            self._mutex.release()
+
+    def _after_removal(self, sync: bool) -> None:
+        """The fsync and the rotation a removal may make; the mutex is held."""
+        # Implements W-8: f = 0, or an fsync is due (and none is in flight).
+        if sync and (self._fsync_frequency_s == 0
+                     or (self._monotonic() >= self._sync_due_s and not self._syncing)):
+            self._sync_locked()
+        # Implements W-23: rotation closes the old file, so it waits while an fsync of
+        # it is in flight; the size stays over the limit and a later remove rotates.
+        # (The state is checked again: waiting for an fsync released the mutex, and
+        # close() may have run meanwhile.)
+        if (self._size >= self._limit and not self._syncing
+                and self._state is WalState.OPEN):
+            self._rotate()
+
+    def remove_many(self, task_ids: list[str], sync: bool = True) -> int:
+        """Implements W-79: ``remove`` of each id, the records of those pending here written
+        in one append; return how many there were. Ids are ``str``, checked here (C-7)."""
+        self._mutex.acquire()  # the hot path of a batch of successes (Q-170): see add
+        try:
+            live = self._live
+            for task_id in task_ids:  # C-7: every argument before the state and any I/O
+                if task_id not in live:
+                    check_task_id(task_id)
+            if self._state is not _OPEN or self._getpid() != self._pid:
+                self._check_usable()
+            ids = [task_id for task_id in dict.fromkeys(task_ids) if task_id in live]
+            if not ids:
+                return 0  # Implements W-6 for each: nothing pending here, nothing written.
+            data = encode_rems(ids)
+            start = self._size
+            end = start + len(data)
+            if end > self._reserved:
+                self._reserve(end - start)
+            window = self._window
+            try:
+                if window is not None:  # W-26, as in add
+                    window[start - self._base:end - self._base] = data
+                else:
+                    self._write_line(data)
+            except OSError:
+                self._cut_back()  # W-13: none of the records stays
+                raise
+            self._size = end
+            self._written += len(ids)
+            for task_id in ids:
+                del live[task_id]
+            self._after_removal(sync)
+            return len(ids)
         finally:
             self._mutex.release()
 

@@ -13,8 +13,8 @@ Rules (spec/queue.md):
   never dropped (Q-9).
 
 Theory of operation: the scheduler calls ``run_plain`` for a plain ``perform`` inside its
-run-soon batch (no asyncio task): ``_begin`` calls ``perform``, a success is removed at
-once, and only a failure or a returned awaitable continues in an asyncio task
+run-soon batch (no asyncio task): ``_begin`` calls ``perform``, a success is removed with
+the batch's others (``Successes``, Q-170), and only a failure or a returned awaitable continues in an asyncio task
 (``_finish``). ``run`` is the whole execution of an async ``perform`` as its own asyncio
 task. ``_begin`` and ``_finish`` keep the backlog and ``inflight`` counts and tell the
 scheduler when an execution ended, so ``wait_idle`` and ``stop`` see it.
@@ -38,6 +38,7 @@ from deferq._runtime.hooks import HookSet, ReplaySource
 from deferq._runtime.journal import Journal
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import Context, ContextCodec, ContextError
+from deferq._runtime.successes import Successes
 from deferq._runtime.syncpool import SyncPool
 from deferq._runtime.task import Task, TaskRegistry, default_backoff, next_retry_in
 from deferq.backends._deadtask import task_class_name
@@ -72,7 +73,8 @@ class Executor:
         self._job_done = scheduler.job_done
         self._remove = journal.remove
         self._book_tasks = journal.book.tasks  # Q-58: RUNNING until its outcome is written
-        scheduler.attach(self.run_plain, self.run)
+        self.successes = Successes(journal, self._hooks, self._plain_ended)
+        scheduler.attach(self.run_plain, self.run, self.successes.flush)
 
     # ------------------------------------------------------------------ one execution
     def run_plain(self, task_id: str, context: Context, cls: type[Task], counted: bool) -> None:
@@ -81,6 +83,9 @@ class Executor:
         A success is removed here; a failure, or an awaitable returned by ``perform``,
         continues in an asyncio task (``_finish``) like an async execution.
         """
+        successes = self.successes
+        if successes.ids:
+            successes.flush_if_due()  # Implements Q-170: before the next execution
         begun = self._begin(task_id, context, cls, counted, self._maybe_idle)
         if begun is None:
             return
@@ -93,17 +98,14 @@ class Executor:
             scheduler.work.add(scheduler.loop.create_task(
                 self._finish(task_id, context, cls, instance, result, error), name=task_id))
             return
-        try:
-            self._remove(task_id)
-            if self._hooked:
-                self._hooks.succeeded(task_id)
-        except Exception:  # noqa: BLE001 - storage errors must not stop the loop
-            log.exception("deferred task %s: storage error; it stays in the WAL", task_id)
-        finally:
-            self.inflight -= 1
-            if self._hooked and task_id in self._hooks.open:
-                self._hooks.ended(task_id)  # Implements Q-102: after a storage error
-            self._maybe_idle()
+        self.successes.add(task_id)  # Implements Q-170: removed with its batch
+
+    def _plain_ended(self, task_id: str) -> None:
+        """A plain execution's removal was written, or failed (``Successes.flush``)."""
+        self.inflight -= 1
+        if self._hooked and task_id in self._hooks.open:
+            self._hooks.ended(task_id)  # Implements Q-102: after a storage error
+        self._maybe_idle()
 
     async def run(self, task_id: str, context: Context, cls: type[Task], counted: bool) -> None:
         """One execution of an async ``perform``, as its own asyncio task."""

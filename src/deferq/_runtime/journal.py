@@ -28,7 +28,7 @@ import logging
 
 from deferq._runtime.book import TaskBook
 from deferq._runtime.committer import Committer
-from deferq.backends.protocol import Backend, ClaimingBackend
+from deferq.backends.protocol import Backend, BatchRemover, ClaimingBackend
 
 log = logging.getLogger("deferq.queue")
 
@@ -51,6 +51,8 @@ class Journal:
         self._wanted = 0  # the highest ticket the background flusher must cover
         self._committer: Committer | None = None  # the thread of every commit's fsync (Q-23)
         self._flusher: asyncio.Task[None] | None = None
+        # Removes a batch's successes in one call (C-37, Q-170); None: one call each.
+        self._batch = backend if isinstance(backend, BatchRemover) else None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """The queue started on ``loop``: group commits and the flusher run on it."""
@@ -119,6 +121,27 @@ class Journal:
         self._book_tasks.pop(task_id, None)
         if self._key_of:
             self.book.forget_key(task_id)  # its unique key is free again (Q-54)
+
+    def remove_many(self, task_ids: list[str]) -> None:
+        """``remove`` of each success of a batch (Q-170): one backend call when it offers
+        ``remove_tasks`` (C-37), else one ``remove_task`` each."""
+        batch = self._batch
+        if batch is None:
+            for task_id in task_ids:
+                self.remove(task_id)
+            return
+        disk = self._disk
+        if disk is None:
+            batch.remove_tasks(task_ids)
+        else:
+            batch.remove_tasks(task_ids, sync=False)
+            self._flush_later(disk)
+        book_tasks = self._book_tasks
+        for task_id in task_ids:
+            book_tasks.pop(task_id, None)
+        if self._key_of:
+            for task_id in task_ids:
+                self.book.forget_key(task_id)
 
     def remove_checked(self, task_id: str) -> bool:
         """``remove``, saying whether the task was removed: on a shared backend, False when

@@ -84,14 +84,17 @@ class Scheduler:
         self.timers = TimerHeap(clock, self._timer_fired)
         self._run_plain: RunPlain | None = None
         self._run: RunAsync | None = None
+        self._batch_ended: Callable[[], None] | None = None
         # Task ids of executions ``stop`` gave up on (Q-35): their outcome is never written.
         self.abandoned: set[str] = set()
         # Task ids ``cancel`` took (Q-40): they never begin, and no outcome is written.
         self.cancelled: set[str] = set()
 
-    def attach(self, run_plain: RunPlain, run: RunAsync) -> None:
-        """The executor's entry points: a plain execution, and an async one as a coroutine."""
-        self._run_plain, self._run = run_plain, run
+    def attach(self, run_plain: RunPlain, run: RunAsync, batch_ended: Callable[[], None]
+               ) -> None:
+        """The executor's entry points: a plain execution, an async one as a coroutine, and
+        the end of a run-soon batch (its successes' removal is written then, Q-170)."""
+        self._run_plain, self._run, self._batch_ended = run_plain, run, batch_ended
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """The queue started on ``loop``: executions are scheduled on it from now on."""
@@ -190,6 +193,8 @@ class Scheduler:
                 ctx, task_id, context, cls, counted = soon.popleft()
                 ctx.run(run, task_id, context, cls, counted)
         finally:
+            if self._batch_ended is not None:
+                self._batch_ended()  # Implements Q-170: before the next batch is scheduled
             if soon and self._soon_handle is None and self.loop is not None:
                 self._soon_handle = self.loop.call_soon(self._run_soon)
 

@@ -139,6 +139,20 @@ class Disk:
         # The WAL checks the id in full unless it is pending (then it is valid, C-7).
         self._wal.remove(task_id if type(task_id) is str else check_task_id(task_id), sync)
 
+    def remove_tasks(self, task_ids: Iterable[str], *, sync: bool = True) -> int:
+        """``remove_task`` of each id, the records written in one append (W-79); return how
+        many of them were pending here. Every id is checked before anything is written (C-37)."""
+        if sync is not True and sync is not False:
+            raise ValueError(f"sync must be a bool, not {type(sync).__name__}")
+        if isinstance(task_ids, (str, bytes)) or not isinstance(task_ids, Iterable):
+            raise ValueError(f"task_ids must be an iterable of task ids, not "
+                             f"{type(task_ids).__name__}")
+        ids = list(task_ids)
+        for task_id in ids:
+            if type(task_id) is not str:
+                check_task_id(task_id)  # raises: not a str (C-7)
+        return self._wal.remove_many(ids, sync)
+
     def written_ticket(self) -> int:
         """The ticket of the last record written to this worker's WAL (C-13, W-20).
 

@@ -14,7 +14,8 @@ from typing import Protocol, runtime_checkable
 
 from deferq._core.types import DeadTask, PendingTask
 
-__all__ = ["Backend", "ClaimingBackend", "DeadTaskAdmin", "DeadTaskFilters", "OrphanAdopter"]
+__all__ = ["Backend", "BatchRemover", "ClaimingBackend", "DeadTaskAdmin", "DeadTaskFilters",
+           "OrphanAdopter"]
 
 
 class DeadTaskAdmin(Protocol):
@@ -107,6 +108,19 @@ class OrphanAdopter(Protocol):
         what ``add_task`` with ``sync=True`` stores; a task is never returned by two
         backends that run at once, unless a crash left it in two places (D-21).
         """
+
+
+@runtime_checkable
+class BatchRemover(Protocol):
+    """What a backend offers, optionally, to remove several tasks in one call (C-37).
+
+    Not part of ``Backend``: without it the queue calls ``remove_task`` once per success
+    of a batch (Q-170).
+    """
+
+    def remove_tasks(self, task_ids: Iterable[str], *, sync: bool = True) -> int:
+        """``remove_task`` of each id, every id checked before anything is written; return
+        how many of them were pending here."""
 
 
 class ScheduleRecords(Protocol):

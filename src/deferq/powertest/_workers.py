@@ -246,6 +246,22 @@ class ReportingQueueDisk(Disk):
         self._call(seq, lambda: super(ReportingQueueDisk, self).remove_task(task_id, sync=sync))
         self._acked(seq, durable)
 
+    def remove_tasks(self, task_ids: Iterable[str], *, sync: bool = True) -> int:
+        """Reports one ``rem`` per id (W-79 writes them in one append), all in flight
+        together until it returns."""
+        ids = list(task_ids)
+        durable = self.durable and sync
+        seqs = [self.emit.issue("rem", id=task_id, d=durable) for task_id in ids]
+        try:
+            removed = super().remove_tasks(ids, sync=sync)
+        except BaseException as exc:
+            for seq in seqs:
+                self.emit.fail(seq, exc)
+            raise
+        for seq in seqs:
+            self._acked(seq, durable)
+        return removed
+
     def written_ticket(self) -> int:
         with self._lock:
             covered = list(self._unsynced)  # taken before the ticket is read: all covered

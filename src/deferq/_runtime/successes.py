@@ -1,0 +1,83 @@
+"""The successes of one run-soon batch, removed from the backend together (spec/queue.md Q-170).
+
+Rules:
+- A plain execution that succeeded in the scheduler's run-soon batch is held here; its
+  removal is written with the others' in one backend call (``Journal.remove_many``, C-37,
+  W-79) when the batch ends, or before the next execution once ``SUCCESS_HOLD_S`` passed
+  since the first one held, whichever comes first (Q-170).
+- Until that write the task is ``RUNNING`` (Q-58) and keeps its slot (Q-37): nothing else
+  can begin, cancel it or ask for it in between, since the batch runs in one loop
+  callback. A crash before the write runs it again (at-least-once, D-2).
+- ``on_succeeded`` follows the write (Q-215); its ``duration_s`` ends when ``perform``
+  returned, not at the write. A storage error leaves every task of the write in the WAL:
+  logged once, each execution then ends as interrupted (Q-102, Q-219).
+
+Why a batch: one backend call per success cost about a microsecond of the queue's own
+time per task (the WAL's lock, state and fork checks and its fsync test, each time), a
+tenth of a crash-safe enqueue and completion (docs/benchmarks.md, the Queue row).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Final
+
+from deferq._runtime.hooks import HookSet
+from deferq._runtime.journal import Journal
+
+log = logging.getLogger("deferq.queue")
+
+# Implements Q-170: the longest a success held here waits for its removal to be written
+# while later executions of its batch run (a task marked inline is meant to be quick).
+SUCCESS_HOLD_S: Final = 0.005
+_now: Final = time.perf_counter
+_LOGGED_IDS_MAX: Final = 5  # ids named in the storage error's log line
+
+
+class Successes:
+    """Plain successes of the current run-soon batch whose removal is not written yet."""
+
+    def __init__(self, journal: Journal, hooks: HookSet, ended: Callable[[str], None]) -> None:
+        self._journal = journal
+        self._hooks = hooks
+        self._ended = ended  # the execution is over: its counts and slot (the executor's)
+        self.ids: list[str] = []  # held, in the order their performs returned
+        self.since = 0.0  # when the first one held now was added
+
+    def add(self, task_id: str) -> None:
+        """Hold the success of ``task_id`` (its perform just returned) until ``flush``."""
+        ids = self.ids
+        ids.append(task_id)
+        if len(ids) == 1:
+            self.since = _now()
+        if self._hooks.executions:
+            self._hooks.perform_ended(task_id)  # Q-215: its duration ends here
+
+    def flush_if_due(self) -> None:
+        """Implements Q-170's hold: ``flush`` once ``SUCCESS_HOLD_S`` passed since the first."""
+        if self.ids and _now() - self.since >= SUCCESS_HOLD_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the removal of every success held, then end each execution (Q-170)."""
+        ids = self.ids
+        if not ids:
+            return
+        self.ids = []
+        try:
+            self._journal.remove_many(ids)
+            written = True
+        except Exception:  # noqa: BLE001 - storage errors must not stop the loop
+            more = len(ids) - _LOGGED_IDS_MAX
+            log.exception("deferred tasks %s%s: storage error; they stay in the WAL",
+                          ", ".join(ids[:_LOGGED_IDS_MAX]),
+                          f" and {more} more" if more > 0 else "")
+            written = False
+        hooks = self._hooks
+        ended = self._ended
+        for task_id in ids:
+            if written and hooks.executions:
+                hooks.succeeded(task_id)
+            ended(task_id)
