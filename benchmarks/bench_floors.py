@@ -66,6 +66,7 @@ from deferq._core.deadcodec import decode_dead_line, decode_dead_payload
 from deferq._core.frame import BadLine
 from deferq._core.names import dead_data_name, wal_file_name
 from deferq._core.walcodec import WalAdd, WalRem, decode_wal_line
+from deferq._runtime.serialize import decode_context
 from deferq.backends import Disk
 
 DEFAULT_JSON_OUT = Path(__file__).resolve().parent / "floors.jsonl"
@@ -133,7 +134,12 @@ def line_ok(line: bytes) -> bool:
     return len(line) > 9 and b"%08x" % zlib.crc32(line[9:]) == line[:8]
 
 
+# One compact encoder, built once (json.dumps with separators builds one per call).
+_encode_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
 class Noop:
+    task_name = "bench.noop"  # the name deferq's row registers (bench_writes.Noop)
     done = 0
 
     def perform(self, number: int) -> None:
@@ -165,7 +171,10 @@ async def _queue_floor_run(fd: int, n: int) -> float:
         nonlocal scheduled, counter
         counter += 1
         task_id = f"{seed}-{pid}-{counter}".encode()
-        context = json.dumps([cls.__name__, args, {}, 0], separators=(",", ":")).encode()
+        # The context record a queue reads back: its version, the task, its
+        # arguments, the attempts and the second it was enqueued.
+        context = _encode_json({"v": 1, "task": cls.task_name, "args": args, "kwargs": {},
+                                "attempts": 0, "enqueued_at": int(time.time())}).encode()
         os.write(fd, frame_line(b"add:" + task_id + b":0:"
                                 + binascii.b2a_base64(context, newline=False)))
         pending.append((task_id, cls, args))
@@ -185,6 +194,11 @@ def _check_wal_records(path: str, n: int) -> None:
     with open(path, "rb") as f:
         lines = f.read().split(b"\n")[:-1]
     records = [decode_wal_line(line) for line in lines]
+    # Each add's context is one deferq's queue would run (so the floor cannot write less).
+    contexts = [decode_context(r.context) for r in records if isinstance(r, WalAdd)]
+    if sorted(tuple(c.args) for c in contexts) != [(i,) for i in range(n)] or any(
+            c.task != Noop.task_name or c.enqueued_at is None for c in contexts):
+        raise AssertionError(f"queue floor: contexts are not the tasks enqueued: {contexts[:3]}")
     adds = sum(isinstance(r, WalAdd) for r in records)
     rems = sum(isinstance(r, WalRem) for r in records)
     if adds != n or rems != n or len(records) != 2 * n:
