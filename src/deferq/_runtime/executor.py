@@ -27,8 +27,9 @@ import functools
 import inspect
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Final, Protocol
 
 from deferq._core.types import PendingTask
 from deferq._runtime.book import RUNNING
@@ -38,7 +39,7 @@ from deferq._runtime.hooks import HookSet, ReplaySource
 from deferq._runtime.journal import Journal
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import Context, ContextCodec, ContextError
-from deferq._runtime.successes import Successes
+from deferq._runtime.successes import SUCCESS_HOLD_S, Successes
 from deferq._runtime.syncpool import SyncPool
 from deferq._runtime.task import Task, TaskRegistry, default_backoff, next_retry_in
 from deferq.backends._deadtask import task_class_name
@@ -46,6 +47,13 @@ from deferq.backends._deadtask import task_class_name
 log = logging.getLogger("deferq.queue")
 
 UNKNOWN_TASK_CLASS: Final = "<unknown>"
+_now: Final = time.perf_counter  # Q-170's hold, read before each plain execution
+
+
+class _Perform(Protocol):
+    """A task's ``perform``, bound to its instance."""
+
+    def __call__(self, *args: object, **kwargs: object) -> object: ...
 
 
 class Executor:
@@ -84,8 +92,8 @@ class Executor:
         continues in an asyncio task (``_finish``) like an async execution.
         """
         successes = self.successes
-        if successes.ids:
-            successes.flush_if_due()  # Implements Q-170: before the next execution
+        if successes.ids and _now() - successes.since >= SUCCESS_HOLD_S:
+            successes.flush()  # Implements Q-170: the hold passed, before the next execution
         begun = self._begin(task_id, context, cls, counted, self._maybe_idle)
         if begun is None:
             return
@@ -98,14 +106,23 @@ class Executor:
             scheduler.work.add(scheduler.loop.create_task(
                 self._finish(task_id, context, cls, instance, result, error), name=task_id))
             return
-        self.successes.add(task_id)  # Implements Q-170: removed with its batch
+        # Implements Q-170: held, removed with its batch (``Successes.add``, inlined).
+        held = successes.ids
+        held.append(task_id)
+        if len(held) == 1:
+            successes.since = _now()
+        if self._hooked:
+            self._hooks.perform_ended(task_id)  # Q-215: its duration ends here
 
-    def _plain_ended(self, task_id: str) -> None:
-        """A plain execution's removal was written, or failed (``Successes.flush``)."""
-        self.inflight -= 1
-        if self._hooked and task_id in self._hooks.open:
-            self._hooks.ended(task_id)  # Implements Q-102: after a storage error
-        self._maybe_idle()
+    def _plain_ended(self, task_ids: list[str]) -> None:
+        """Plain executions whose removal was written, or failed (``Successes.flush``)."""
+        self.inflight -= len(task_ids)
+        if self._hooked:
+            hooks = self._hooks
+            for task_id in task_ids:
+                if task_id in hooks.open:
+                    hooks.ended(task_id)  # Implements Q-102: after a storage error
+        self._maybe_idle(count=len(task_ids))
 
     async def run(self, task_id: str, context: Context, cls: type[Task], counted: bool) -> None:
         """One execution of an async ``perform``, as its own asyncio task."""
@@ -199,11 +216,11 @@ class Executor:
             self._book_tasks[task_id] = RUNNING
             if self._hooked:
                 self._hooks.started(task_id, context, cls)
-            perform: object = getattr(instance, "perform")
-            if not callable(perform):
-                raise TypeError(f"{cls.task_name}.perform is not callable")
+            perform: _Perform = getattr(instance, "perform")  # callable: checked below, once
             pooled = self._pooled.get(cls)
-            if pooled is None:
+            if pooled is None:  # the first execution of the class: checked once
+                if not callable(perform):
+                    raise TypeError(f"{cls.task_name}.perform is not callable")
                 pooled = self._pooled[cls] = not cls.inline and not (
                     inspect.iscoroutinefunction(perform))
             if pooled:

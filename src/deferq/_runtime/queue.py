@@ -34,7 +34,7 @@ import enum
 import logging
 import random
 from collections.abc import Iterable, Mapping
-from typing import ParamSpec, TypeVar
+from typing import Final, ParamSpec, TypeVar
 
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
 from deferq._core.limits import (
@@ -75,6 +75,12 @@ from deferq.backends._options import check_sweep_interval
 from deferq.backends.protocol import Backend, ClaimingBackend
 
 log = logging.getLogger("deferq.queue")
+# The hot path of every enqueue, bound once: the C constructor of a named tuple (its own
+# ``__new__`` is a Python frame), the running loop or None (no exception to catch), and
+# the timing of a task with neither option.
+_build: Final = tuple.__new__
+_running_loop: Final = asyncio.events._get_running_loop
+_NOW: Final[tuple[None, None]] = (None, None)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -306,18 +312,17 @@ class Queue(DeadTaskApi):
         data, context, cls = self._prepare(task_class_of(task), args, kwargs)
         if self.backpressure is not None:
             _refuse_above_high_water(self.backpressure, self._scheduler)
-        publish_at, publish_in = self._timing(delay, delay_until)
+        publish_at, publish_in = _timing(self.clock, delay, delay_until)
         return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
 
     async def aenqueue(self, task: object, /, *args: object, delay: object = None,
                        delay_until: object = None, **kwargs: object) -> str:
-        """``enqueue`` that waits for backpressure like the reference (Q-11).
-
-        On a power-safe ``Disk`` it returns once a group commit made the task durable,
-        without blocking the event loop on the fsync (Q-20).
-        """
+        """``enqueue`` that waits for backpressure like the reference (Q-11); on a power-safe
+        ``Disk`` it returns once a group commit made the task durable, without blocking the
+        event loop on the fsync (Q-20)."""
         data, context, cls = self._prepare(task_class_of(task), args, kwargs)
-        return await self._apersist(data, context, cls, self._timing(delay, delay_until))
+        return await self._apersist(data, context, cls, _NOW if delay is None and delay_until
+                                    is None else _timing(self.clock, delay, delay_until))
 
     async def _apersist(self, data: bytes, context: Context, cls: type[Task],
                         timing: tuple[int | None, int | None]) -> str:
@@ -327,8 +332,7 @@ class Queue(DeadTaskApi):
         journal = self._journal
         publish_at, publish_in = timing
         if not journal.commits_here():
-            # Not a power-safe Disk, not started, or awaited on another loop: the inline
-            # fsync of ``enqueue``.
+            # Not a power-safe Disk, not started, or on another loop: ``enqueue``'s write.
             return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
         key, book = context.key, self._book
         if key is None:
@@ -357,7 +361,7 @@ class Queue(DeadTaskApi):
     def _prepare(self, cls: type[Task], args: tuple[object, ...], kwargs: dict[str, object],
                  key: str | None = None, *, meta: Mapping[str, str] | None = None
                  ) -> tuple[bytes, Context, type[Task]]:
-        if self.registry.get(cls.task_name) is not cls:
+        if self.registry.lookup(cls.task_name) is not cls:
             raise TaskNotRegisteredError(
                 f"task {cls.task_name!r} is not registered in this queue's registry")
         # Implements Q-65: the record keeps when the task was first enqueued.
@@ -366,15 +370,9 @@ class Queue(DeadTaskApi):
         checked = None if meta is None else check_meta(meta)  # (no call in the common case)
         if self._hooks.meta:
             checked = self._hooks.add_meta(cls.task_name, checked)  # Implements Q-103.
-        context = Context(cls.task_name, args, kwargs, 0, key, enqueue_time(self.clock.time()),
-                          checked)
-        return self.codec.encode(context), context, cls
-
-    def _timing(self, delay: object, delay_until: object) -> tuple[int | None, int | None]:
-        """(publish_at, publish_in) of ``enqueue``'s options (Q-7)."""
-        if delay is None and delay_until is None:
-            return None, None  # the common case reads no clock
-        return enqueue_timing(delay, delay_until, int(self.clock.time()))
+        context = _build(Context, (cls.task_name, args, kwargs, 0, key,  # (no Python frame)
+                                   enqueue_time(self.clock.time()), checked))
+        return self.codec.encoder(context), context, cls
 
     def _persist_and_schedule(self, data: bytes, context: Context, cls: type[Task],
                               publish_at: int | None, publish_in: int | None) -> str:
@@ -393,8 +391,19 @@ class Queue(DeadTaskApi):
                 return owner
         if self._hooks.enqueues:
             self._hooks.enqueued(task_id, context, publish_at)  # Q-101: before it can start
-        self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
+        scheduler = self._scheduler
+        if _running_loop() is scheduler.loop:  # (one call less on the loop: every aenqueue)
+            scheduler.schedule(task_id, context, cls, publish_in)
+        else:
+            scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
+
+
+def _timing(clock: Clock, delay: object, delay_until: object) -> tuple[int | None, int | None]:
+    """(publish_at, publish_in) of ``enqueue``'s options (Q-7)."""
+    if delay is None and delay_until is None:
+        return _NOW  # the common case reads no clock
+    return enqueue_timing(delay, delay_until, int(clock.time()))
 
 
 def _refuse_above_high_water(bp: Backpressure | None, scheduler: Scheduler) -> None:

@@ -132,9 +132,13 @@ class Scheduler:
             return  # stays in the WAL for the next start
         if publish_in is not None and publish_in > 0:
             self.timers.add(self.loop, task_id, context, cls, publish_in)
+        elif self.active >= self.max_concurrency:  # ``_spawn``, inlined: every enqueue
+            self.backlog += 1
+            self._waiting.append((contextvars.copy_context(), task_id, context, cls, True))
         else:
             self.backlog += 1
-            self._spawn(task_id, context, cls, counted=True)
+            self.active += 1
+            self._begin_soon(None, task_id, context, cls, True)
 
     def _spawn(self, task_id: str, context: Context, cls: type[Task], *, counted: bool) -> None:
         if self.active >= self.max_concurrency:
@@ -248,11 +252,11 @@ class Scheduler:
         self._idle_waiters.append(waiter)
         return waiter
 
-    def maybe_idle(self, *, holds_slot: bool = True) -> None:
-        """An execution ended: its slot goes to the next waiting one (Q-37); wake the idle
-        waiters if it was the last piece of work."""
+    def maybe_idle(self, *, holds_slot: bool = True, count: int = 1) -> None:
+        """``count`` executions ended: their slots go to the next waiting ones (Q-37); wake
+        the idle waiters if they were the last piece of work."""
         if holds_slot:
-            self.release_slot()
+            self.release_slot(count)
         if self._idle_waiters and not self.work and not self._soon and not self._waiting:
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:
@@ -271,9 +275,10 @@ class Scheduler:
         """Executions holding a slot or waiting for one (a claimer's room is what is left)."""
         return self.active + len(self._waiting)
 
-    def release_slot(self) -> None:
-        """Implements Q-37: an execution gives its slot back; the first waiting one begins."""
-        self.active -= 1
+    def release_slot(self, count: int = 1) -> None:
+        """Implements Q-37: ``count`` executions give their slots back; the first waiting
+        ones begin."""
+        self.active -= count
         if self.slot_freed is not None:
             self.slot_freed.set()
         waiting = self._waiting

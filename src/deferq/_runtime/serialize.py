@@ -351,6 +351,10 @@ class ContextCodec:
                              "authenticated")
         self._key = pickle_key
         self.use_pickle = use_pickle
+        # ``encode`` of this codec's options, chosen once: for plain JSON the encoder itself,
+        # without ``encode``'s Python frame and tests (the queue calls it on every enqueue).
+        self.encoder: Callable[[Context], bytes] = (
+            encode_context if not use_pickle and json_types is None else self.encode)
 
     def _tag(self, body: bytes) -> bytes:
         assert self._key is not None

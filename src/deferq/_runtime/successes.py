@@ -20,7 +20,6 @@ tenth of a crash-safe enqueue and completion (docs/benchmarks.md, the Queue row)
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Final
 
@@ -32,33 +31,21 @@ log = logging.getLogger("deferq.queue")
 # Implements Q-170: the longest a success held here waits for its removal to be written
 # while later executions of its batch run (a task marked inline is meant to be quick).
 SUCCESS_HOLD_S: Final = 0.005
-_now: Final = time.perf_counter
 _LOGGED_IDS_MAX: Final = 5  # ids named in the storage error's log line
 
 
 class Successes:
     """Plain successes of the current run-soon batch whose removal is not written yet."""
 
-    def __init__(self, journal: Journal, hooks: HookSet, ended: Callable[[str], None]) -> None:
+    def __init__(self, journal: Journal, hooks: HookSet,
+                 ended: Callable[[list[str]], None]) -> None:
         self._journal = journal
         self._hooks = hooks
-        self._ended = ended  # the execution is over: its counts and slot (the executor's)
-        self.ids: list[str] = []  # held, in the order their performs returned
-        self.since = 0.0  # when the first one held now was added
-
-    def add(self, task_id: str) -> None:
-        """Hold the success of ``task_id`` (its perform just returned) until ``flush``."""
-        ids = self.ids
-        ids.append(task_id)
-        if len(ids) == 1:
-            self.since = _now()
-        if self._hooks.executions:
-            self._hooks.perform_ended(task_id)  # Q-215: its duration ends here
-
-    def flush_if_due(self) -> None:
-        """Implements Q-170's hold: ``flush`` once ``SUCCESS_HOLD_S`` passed since the first."""
-        if self.ids and _now() - self.since >= SUCCESS_HOLD_S:
-            self.flush()
+        self._ended = ended  # the executions are over: their counts and slots (the executor's)
+        # Held, in the order their performs returned. The executor appends to it, and sets
+        # ``since`` for the first, itself: that is every plain success's path.
+        self.ids: list[str] = []
+        self.since = 0.0  # when the first one held now was added (``time.perf_counter``)
 
     def flush(self) -> None:
         """Write the removal of every success held, then end each execution (Q-170)."""
@@ -76,8 +63,7 @@ class Successes:
                           f" and {more} more" if more > 0 else "")
             written = False
         hooks = self._hooks
-        ended = self._ended
-        for task_id in ids:
-            if written and hooks.executions:
+        if written and hooks.executions:
+            for task_id in ids:
                 hooks.succeeded(task_id)
-            ended(task_id)
+        self._ended(ids)

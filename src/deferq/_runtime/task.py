@@ -111,6 +111,8 @@ class TaskRegistry:
 
     def __init__(self) -> None:
         self._tasks: dict[str, type[Task]] = {}
+        # ``get`` without its Python frame, for the queue's check on every enqueue.
+        self.lookup: Callable[[str], type[Task] | None] = self._tasks.get
 
     def register(self, cls: type[Task], name: str) -> None:
         """Register ``cls`` as ``name``; a redefinition of the same class (same module and
