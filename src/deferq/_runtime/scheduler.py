@@ -281,10 +281,16 @@ class Scheduler:
         self.active -= count
         if self.slot_freed is not None:
             self.slot_freed.set()
-        waiting = self._waiting
+        waiting, soon = self._waiting, self._soon
         while waiting and self.running and self.active < self.max_concurrency:
             self.active += 1
-            self._begin_soon(*waiting.popleft())
+            begins = waiting.popleft()
+            if self._as_task.get(begins[3]) is False:  # an inline one: its entry moves as is
+                soon.append(begins)
+                if self._soon_handle is None and self.loop is not None:
+                    self._soon_handle = self.loop.call_soon(self._run_soon)
+            else:
+                self._begin_soon(*begins)
 
     async def stop(self, timeout_s: float) -> bool:
         """Implements Q-15 for the work: refuse new executions, cancel the timers, wait up to
