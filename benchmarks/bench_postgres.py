@@ -14,7 +14,10 @@ its own ``Postgres`` (its own connection), as separate hosts would be.
 
 Rows (each prints absolute figures, the ratio deferq / floor and a verdict against its target):
 - ``throughput_p1`` / ``throughput_p16``: enqueue+complete of N tasks, 1 or 16 producer threads
-  and 4 worker threads running at once; target deferq time <= 1.3x the floor's.
+  and 4 worker threads running at once; target deferq time <= 1.3x the floor's. The floor and
+  deferq run ``--reps`` times each (3 by default), interleaved, the order alternating; the row
+  prints their median times and the median of the per-repetition ratios (one run of 16
+  producers on two shared cores varies by 10 % from run to run).
 - ``claim_latency``: one claim of one due task from a table of 1,000 (p50, p99); target <= 1.3x.
 - ``dead_newest`` / ``dead_find``: newest page of 20 and find by id over 100k dead tasks;
   target < 1 ms (absolute) and the ratio is printed.
@@ -364,6 +367,22 @@ def reset(dsn: str, schema: str) -> None:
         conn.execute("TRUNCATE floor")
 
 
+def interleaved(reps: int, sides: dict[str, Callable[[], float]],
+                times: dict[str, list[float]]) -> dict[str, float]:
+    """Each side ``reps`` times, interleaved and the order alternating (each time appended to
+    ``times``): the median time of each, and ``ratio``, the median of the per-repetition
+    ratios deferq / floor."""
+    times.update({name: [] for name in sides})
+    names = list(sides)
+    for rep in range(reps):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            times[name].append(sides[name]())
+    row = {name: statistics.median(values) for name, values in times.items()}
+    row["ratio"] = statistics.median(d / f for d, f in zip(times["deferq"], times["floor"],
+                                                              strict=True))
+    return row
+
+
 def verdict_ratio(ratio: float) -> str:
     return "PASS" if ratio <= TARGET_RATIO else "MISS"
 
@@ -387,10 +406,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=4000, help="tasks per throughput row")
     parser.add_argument("--dead", type=int, default=100_000, help="dead tasks to list from")
     parser.add_argument("--backlog", type=int, default=1_000_000, help="pending backlog size")
+    parser.add_argument("--reps", type=int, default=3,
+                        help="repetitions of each throughput row's floor and deferq sides")
     parser.add_argument("--json-out", type=Path, help="append the rows as one JSON line")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.tasks, args.dead, args.backlog = 64, 500, 2000
+        args.tasks, args.dead, args.backlog, args.reps = 64, 500, 2000, 1
+    if args.reps < 1:
+        parser.error(f"--reps must be >= 1, got {args.reps}")
     for name in ("tasks", "dead", "backlog"):
         if getattr(args, name) < 32:
             parser.error(f"--{name} must be >= 32, got {getattr(args, name)}")
@@ -401,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cluster = Cluster(bin_dir)
     rows: dict[str, dict[str, float]] = {}
+    reps_of: dict[str, dict[str, list[float]]] = {}  # each repetition's time, by row and side
     try:
         cluster.init()
         cluster.start()
@@ -428,8 +452,10 @@ def main(argv: list[str] | None = None) -> int:
 
         for producers in (1, 16):
             key = f"throughput_p{producers}"
-            rows[key] = {"floor": throughput(floor, args.tasks, producers),
-                         "deferq": throughput(ours, args.tasks, producers)}
+            rows[key] = interleaved(args.reps, {
+                "floor": lambda: throughput(floor, args.tasks, producers),
+                "deferq": lambda: throughput(ours, args.tasks, producers)},
+                reps_of.setdefault(key, {}))
             for peer, make in (("pgqueuer", pgq), ("procrastinate", pro)):
                 if why[peer] is None:
                     rows[key][peer] = throughput(make, args.tasks, producers)
@@ -453,8 +479,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(bulk-loaded in {load_s:.1f} s)")
     print(f"{'row':<20}{'floor':>12}{'deferq':>12}{'ratio':>8}  verdict")
     for key, row in rows.items():
-        ratio = row["deferq"] / row["floor"]
-        row["ratio"] = ratio
+        ratio = row.setdefault("ratio", row["deferq"] / row["floor"])
         unit = "s" if key.startswith(("throughput", "backlog")) else "ms"
         if key.startswith("dead_"):
             verdict = ("PASS" if row["deferq"] < TARGET_DEAD_MS else "MISS") + \
@@ -479,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_out is not None:
         with open(args.json_out, "a", encoding="utf-8") as out:
             missing = {peer: reason for peer, reason in why.items() if reason is not None}
-            out.write(json.dumps({"rows": rows, "peers": missing, "tasks": args.tasks,
+            out.write(json.dumps({"rows": rows, "repetitions": reps_of,
+                                  "peers": missing, "tasks": args.tasks,
                                   "dead": args.dead, "backlog": args.backlog}) + "\n")
     return 0
 
