@@ -233,21 +233,7 @@ class TasksWal(WalSweep):
             ids = [task_id for task_id in dict.fromkeys(task_ids) if task_id in live]
             if not ids:
                 return 0  # Implements W-6 for each: nothing pending here, nothing written.
-            data = encode_rems(ids)
-            start = self._size
-            end = start + len(data)
-            if end > self._reserved:
-                self._reserve(end - start)
-            window = self._window
-            try:
-                if window is not None:  # W-26, as in add
-                    window[start - self._base:end - self._base] = data
-                else:
-                    self._write_line(data)
-            except OSError:
-                self._cut_back()  # W-13: none of the records stays
-                raise
-            self._size = end
+            self._append(encode_rems(ids))  # W-13: a failure leaves none of them
             self._written += len(ids)
             for task_id in ids:
                 del live[task_id]

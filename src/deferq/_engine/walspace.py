@@ -88,6 +88,25 @@ class WalSpace(WalBase):
         self._base = base
         self._offset_stale = True
 
+    def _append(self, data: bytes) -> None:
+        """Store ``data`` (whole records) at the end of the records, through the mapped window
+        when there is one (W-26), in one write otherwise; on a failure cut it all back (W-13)
+        and raise. The mutex is held. (``add`` and ``remove`` inline this: the hot path.)"""
+        start = self._size
+        end = start + len(data)
+        if end > self._reserved:
+            self._reserve(end - start)
+        window = self._window
+        try:
+            if window is not None:
+                window[start - self._base:end - self._base] = data
+            else:
+                self._write_line(data)
+        except OSError:
+            self._cut_back()
+            raise
+        self._size = end
+
     def _cut_back(self) -> None:
         """Implements W-13: a write failed; cut its partial line back off, or fail-stop.
 

@@ -86,21 +86,7 @@ class WalSweep(WalFiles, WalSpace, WalSync):
                  if task_id not in self._live}
         if not lines:
             return []
-        batch = b"".join(lines.values())
-        start = self._size
-        end = start + len(batch)
-        if end > self._reserved:
-            self._reserve(end - start)
-        window = self._window
-        try:
-            if window is not None:  # W-26: the batch fits the mapped reserved space
-                window[start - self._base:end - self._base] = batch
-            else:
-                self._write_line(batch)
-        except OSError:
-            self._cut_back()
-            raise
-        self._size = end
+        self._append(b"".join(lines.values()))
         self._written += len(lines)  # W-20: one ticket per record
         self._live.update(lines)
         return [(task_id, live_fields(line)) for task_id, line in lines.items()]
