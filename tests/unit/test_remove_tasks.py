@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from deferq._core.errors import StorageClosedError
 from deferq._core.walcodec import encode_rem, encode_rems
 from deferq.backends import Disk
 from deferq.backends.protocol import BatchRemover
@@ -130,3 +132,22 @@ def test_only_disk_offers_the_batch_removal(tmp_path: Path) -> None:
         assert isinstance(disk, BatchRemover)
     assert not isinstance(Memory(), BatchRemover)
     assert not isinstance(Nil(), BatchRemover)
+
+
+@pytest.mark.spec("C-37")
+def test_an_iterable_that_fails_writes_nothing_and_a_closed_disk_refuses(tmp_path: Path) -> None:
+    def ids_then_boom() -> Iterator[str]:
+        yield "a"
+        raise KeyError("the caller's iterable broke")
+
+    disk = filled(tmp_path)
+    before = snapshot(tmp_path)
+    with pytest.raises(KeyError):
+        disk.remove_tasks(ids_then_boom())
+    assert snapshot(tmp_path) == before
+    assert [t.task_id for t in disk.pending_tasks()] == IDS
+    disk.close()
+    with pytest.raises(StorageClosedError):
+        disk.remove_tasks(["a"])
+    with open_disk(tmp_path) as reopened:
+        assert [t.task_id for t in reopened.pending_tasks()] == IDS
