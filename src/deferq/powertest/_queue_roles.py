@@ -8,8 +8,8 @@ give-up removal, operator retry and removal, sync) reaches the harness as an
 issue / acknowledgement / failure event, exactly like the storage-level roles,
 and feeds the same ``StorageModel``. On top of that:
 
-- ``queue_worker`` registers tasks that succeed (async, and a sync ``@task``
-  function), fail a few times then succeed (``Flaky``), always fail and give up
+- ``queue_worker`` registers tasks that succeed (async, inline on the loop, whose
+  successes are removed a batch at a time, and a sync ``@task`` function), fail a few times then succeed (``Flaky``), always fail and give up
   after their retries (``AlwaysFail``, and a ``@task`` with ``max_retries=0``);
   retries come back after 0 or 1 s so they happen within a cycle or two; some
   tasks are delayed (``delay=1``). It enqueues continuously with ``enqueue``
@@ -109,6 +109,16 @@ class AlwaysFail(Task, name="power.AlwaysFail", registry=POWER_TASKS):
         return _retry_in(self.rng)
 
 
+class InlineOk(Task, name="power.InlineOk", registry=POWER_TASKS, inline=True):
+    """A sync task run on the loop that succeeds: the successes of one run-soon batch are
+    removed together (Q-170, W-79), so a cut or a kill can land inside that one append."""
+
+    max_retries = 2
+
+    def perform(self, token: str, pad: str) -> None:
+        _report(token, self.task_id, self.attempt, self.task_name, "ok")
+
+
 @task(name="power.fn_ok", registry=POWER_TASKS, max_retries=2)
 def fn_ok(token: str, pad: str) -> None:
     """A sync ``@task`` function that succeeds."""
@@ -124,12 +134,13 @@ async def fn_fail(token: str, pad: str) -> None:
 
 # (task, weight, extra args): what a worker enqueues.
 KINDS: Final[tuple[tuple[object, int], ...]] = (
-    (Succeed, 35), (Flaky, 25), (AlwaysFail, 15), (fn_ok, 15), (fn_fail, 10))
+    (Succeed, 25), (InlineOk, 15), (Flaky, 25), (AlwaysFail, 15), (fn_ok, 10), (fn_fail, 10))
 
 # The number of attempts a task of each class that gives up must record (Q-2, Q-3):
 # None for classes that must never give up.
 GIVE_UP_ATTEMPTS: Final[dict[str, int | None]] = {
-    Succeed.task_name: None, Flaky.task_name: None, fn_ok.task_class.task_name: None,
+    Succeed.task_name: None, InlineOk.task_name: None, Flaky.task_name: None,
+    fn_ok.task_class.task_name: None,
     AlwaysFail.task_name: ALWAYS_FAIL_MAX_RETRIES + 1, fn_fail.task_class.task_name: 1}
 
 
