@@ -137,11 +137,13 @@ def test_workload_enumeration_is_deduplicated_and_stable() -> None:
     from deferq.crashtest._workloads import workloads
 
     counts = [len(workloads(n)) for n in (1, 2)]
-    assert counts == [28, 316]
+    assert counts == [28, 324]
     two = workloads(2)
     assert len(set(two)) == len(two)
     for work in two:
         if work.fsync_frequency == 0:
             assert all(step.kind != "sync" for step in work.steps)
         if work.rotate:
-            assert any(step.kind in ("remove", "give_up") for step in work.steps)
+            assert any(step.kind in ("remove", "remove_all", "give_up") for step in work.steps)
+        if any(step.kind == "remove_all" for step in work.steps):  # W-79: two or more at once
+            assert work.start == "seeded" and work.steps[0].kind == "add"

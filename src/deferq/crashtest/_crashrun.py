@@ -119,6 +119,8 @@ class _Run:
             self.model.acked(self.model.add_dead("d0", dead_value("d0")))
         self.added = 0
         self.failed_workers: set[int] = set()
+        # The worker whose WAL each task was written to, by the workload's plan (W-15).
+        self.owners: dict[str, int] = {"p0": 0} if workload.start == "seeded" else {}
 
     # --- workers
     def _env(self) -> SimEnv | TracingEnv:
@@ -180,6 +182,15 @@ class _Run:
     def remove_task(self, w: int, task: str) -> None:
         op = self.model.remove_task(f"w{w}", task)
         self._call(op, f"remove_task({task})", lambda: self.worker(w).remove_task(task),
+                   worker=w, durable=self.workload.fsync_frequency == 0)
+
+    def remove_all(self, w: int) -> None:
+        """W-79: every task pending in w's WAL, in one ``remove_tasks`` call (one append)."""
+        pending = self.model.pending()
+        tasks = [task for task, owner in self.owners.items() if owner == w and task in pending]
+        op = self.model.remove_tasks(f"w{w}", tasks)
+        self._call(op, f"remove_tasks({', '.join(tasks)})",
+                   lambda: self.worker(w).remove_tasks(tasks),
                    worker=w, durable=self.workload.fsync_frequency == 0)
 
     def add_dead(self, w: int, task: str) -> None:
@@ -272,9 +283,13 @@ class _Run:
 
     def step(self, step: Step) -> None:
         if step.kind == "add":
-            self.add_task(step.worker, f"t{self.next_task()}", step.delayed)
+            task = f"t{self.next_task()}"
+            self.owners[task] = step.worker
+            self.add_task(step.worker, task, step.delayed)
         elif step.kind == "remove":
             self.remove_task(step.worker, step.task)
+        elif step.kind == "remove_all":
+            self.remove_all(step.worker)
         elif step.kind == "give_up":
             self.give_up(step.worker, step.task)
         elif step.kind == "remove_dead":
@@ -284,7 +299,9 @@ class _Run:
         elif step.kind == "restart":
             self.restart(step.worker)
         elif step.kind == "hand_over":
-            self.hand_over(step.worker, f"t{self.next_task()}")
+            task = f"t{self.next_task()}"
+            self.owners[task] = step.worker
+            self.hand_over(step.worker, task)
         else:
             raise ValueError(f"unknown step {step.kind!r}")
 

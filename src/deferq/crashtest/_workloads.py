@@ -2,7 +2,8 @@
 
 Theory of operation. A *workload* is a short sequence of engine operations on one or
 two workers (``Step``): add (immediate or delayed), remove of an earlier pending task,
-sync, the give-up handoff (``add_dead_task`` then ``remove_task``, one step), removal of
+``remove_all`` (every task pending on a worker that holds two or more, in one
+``remove_tasks`` call: one append, W-79), sync, the give-up handoff (``add_dead_task`` then ``remove_task``, one step), removal of
 an earlier dead task, and a worker restart (close, then a new process opens the storage
 directory and adopts the WAL), and a hand-over: a short-lived sibling process writes a new
 task into a hand-off WAL file (what ``deferq dead retry`` writes, W-34) and releases it, and
@@ -28,6 +29,7 @@ __all__ = [
 ]
 
 FREQUENCIES: Final = (0.0, 0.5)
+REMOVING: Final = ("remove", "remove_all", "give_up")  # the steps that may rotate a WAL (W-9)
 STARTS: Final = ("empty", "seeded")
 
 
@@ -38,7 +40,7 @@ STARTS: Final = ("empty", "seeded")
 class Step:
     """One workload operation. ``task`` names an earlier task (``t1``.., ``p0``, ``d0``)."""
 
-    kind: str  # add | remove | sync | give_up | remove_dead | restart | hand_over
+    kind: str  # add | remove | remove_all | sync | give_up | remove_dead | restart | hand_over
     worker: int = 0
     task: str = ""
     delayed: bool = False
@@ -116,6 +118,10 @@ def _candidates(sym: _Sym, frequency: float, workers_max: int) -> Iterator[Step]
     for task in sym.pending:
         yield Step("remove", sym.owner[task], task)
         yield Step("give_up", sym.owner[task], task)
+    for w in range(sym.workers):
+        # W-79's one append of several records; of one task it is ``remove`` (C-37).
+        if sum(1 for task in sym.pending if sym.owner[task] == w) >= 2:
+            yield Step("remove_all", w)
     for task in sym.dead:
         for w in usable:
             yield Step("remove_dead", w, task)
@@ -143,6 +149,9 @@ def _apply(sym: _Sym, step: Step) -> _Sym:
         out.dirty.add(step.worker)
         if step.kind == "give_up":
             out.dead.append(step.task)
+    elif step.kind == "remove_all":
+        out.pending = [task for task in out.pending if out.owner[task] != step.worker]
+        out.dirty.add(step.worker)
     elif step.kind == "remove_dead":
         out.dead.remove(step.task)
     elif step.kind in ("sync", "restart"):
@@ -186,6 +195,6 @@ def workloads(max_ops: int = 3, *, workers_max: int = 2,
 
             for steps in extend((), _initial(start)):
                 out.append(Workload(steps, frequency, start))
-                if rotation and any(s.kind in ("remove", "give_up") for s in steps):
+                if rotation and any(s.kind in REMOVING for s in steps):
                     out.append(Workload(steps, frequency, start, rotate=True))
     return out
