@@ -14,8 +14,8 @@ Rules (spec/queue.md):
 
 Theory of operation: the scheduler calls ``run_plain`` for a plain ``perform`` inside its
 run-soon batch (no asyncio task): ``_begin`` calls ``perform``, a success is removed with
-the batch's others (``Successes``, Q-170), and only a failure or a returned awaitable continues in an asyncio task
-(``_finish``). ``run`` is the whole execution of an async ``perform`` as its own asyncio
+the batch's others (``Successes``, Q-170), and only a failure or a returned awaitable
+continues in an asyncio task (``_finish``). ``run`` is the whole execution of an async ``perform`` as its own asyncio
 task. ``_begin`` and ``_finish`` keep the backlog and ``inflight`` counts and tell the
 scheduler when an execution ended, so ``wait_idle`` and ``stop`` see it.
 """
@@ -88,8 +88,9 @@ class Executor:
     def run_plain(self, task_id: str, context: Context, cls: type[Task], counted: bool) -> None:
         """One execution of a plain ``perform``, in the scheduler's run-soon batch.
 
-        A success is removed here; a failure, or an awaitable returned by ``perform``,
-        continues in an asyncio task (``_finish``) like an async execution.
+        A success is held and removed with its batch (Q-170); a failure, or an awaitable
+        returned by ``perform``, continues in an asyncio task (``_finish``) like an async
+        execution.
         """
         successes = self.successes
         if successes.ids and _now() - successes.since >= SUCCESS_HOLD_S:
@@ -106,7 +107,7 @@ class Executor:
             scheduler.work.add(scheduler.loop.create_task(
                 self._finish(task_id, context, cls, instance, result, error), name=task_id))
             return
-        # Implements Q-170: held, removed with its batch (``Successes.add``, inlined).
+        # Implements Q-170: held, removed with its batch (``Successes.ids``: the hot path).
         held = successes.ids
         held.append(task_id)
         if len(held) == 1:
