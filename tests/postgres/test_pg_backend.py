@@ -225,6 +225,42 @@ def test_adds_removes_and_rows(pg: PgSchema, db: Postgres) -> None:
         db.add_task(b"x", -1)
 
 
+def _taken_ids(pg: PgSchema, count: int) -> list[str]:
+    """Chosen ids for the ``count`` values of ``task_seq`` that generated ids take next once
+    they are added, in this second and the next two (a test may cross a second's boundary).
+    Each of these adds takes a value of ``task_seq`` for its ``seq``: they are skipped."""
+    [(second, last)] = sql(pg, "SELECT floor(extract(epoch from now()))::bigint, "
+                               "nextval('{s}.task_seq')")
+    assert isinstance(second, int) and isinstance(last, int)
+    skip = last + 3 * count  # the values the chosen adds themselves take
+    return [f"{second + d}-{skip + k}" for d in range(3) for k in range(1, count + 1)]
+
+
+@pytest.mark.spec("P-12", "P-45")
+def test_a_generated_id_already_taken_is_skipped_never_replaced(
+        pg: PgSchema, db: Postgres) -> None:
+    taken = _taken_ids(pg, 3)
+    for tid in taken:
+        assert db.add_task(b"chosen " + tid.encode(), None, tid) == tid
+    new = db.add_task(b"generated")
+    assert new not in taken
+    rows = {row[0]: row[1] for row in sql(pg, "SELECT id, context FROM {s}.pending")}
+    assert rows == {**{tid: b"chosen " + tid.encode() for tid in taken}, new: b"generated"}
+    [(seq,)] = sql(pg, "SELECT seq FROM {s}.pending WHERE id = %s", (new,))
+    assert new.endswith(f"-{seq}")  # this implementation: one nextval, n is the seq
+
+
+@pytest.mark.spec("P-45")
+def test_eight_taken_ids_fail_the_add_and_store_nothing(pg: PgSchema, db: Postgres) -> None:
+    for tid in _taken_ids(pg, 8):
+        db.add_task(b"chosen", None, tid)
+    before = sql(pg, "SELECT id, context FROM {s}.pending ORDER BY id")
+    with pytest.raises(PostgresError, match="add a task: it failed: duplicate key"):
+        db.add_task(b"generated")
+    assert sql(pg, "SELECT id, context FROM {s}.pending ORDER BY id") == before
+    assert db.add_task(b"next")  # the ninth value is free: the backend goes on
+
+
 @pytest.mark.spec("P-11", "P-30", "P-31", "P-33")
 def test_the_give_up_is_one_transaction_and_dead_tasks_list_newest_first(
         pg: PgSchema, db: Postgres) -> None:
