@@ -82,28 +82,23 @@ def _add_new(conn: psycopg.Connection[tuple[object, ...]], s: str, context: byte
     two made a single producer's add 8 % faster (docs/benchmarks.md, PostgreSQL session 7).
     """
     from psycopg.errors import UniqueViolation
-    if owner is None:
-        sql = (f"INSERT INTO {s}.pending (id, seq, context, publish_at) "
-               f"SELECT {_NOW_S}::text || '-' || n, n, %s, %s "
-               f"FROM nextval('{s}.task_seq') AS n RETURNING id")
-        params: tuple[object, ...] = (context, publish_at)
-    else:
-        sql = (f"INSERT INTO {s}.pending (id, seq, context, publish_at, lease_owner, "
-               f"lease_until) SELECT {_NOW_S}::text || '-' || n, n, %s, %s, %s, "
-               f"now() + make_interval(secs => %s) "
-               f"FROM nextval('{s}.task_seq') AS n RETURNING id")
-        params = (context, publish_at, owner, lease_s)
-    for _ in range(NEW_ID_ATTEMPTS - 1):
+    held = owner is not None  # P-72: a claiming backend's add is held by it at once
+    sql = (f"INSERT INTO {s}.pending (id, seq, context, publish_at"
+           f"{', lease_owner, lease_until' if held else ''}) "
+           f"SELECT {_NOW_S}::text || '-' || n, n, %s, %s"
+           f"{', %s, now() + make_interval(secs => %s)' if held else ''} "
+           f"FROM nextval('{s}.task_seq') AS n RETURNING id")
+    params = (context, publish_at, owner, lease_s) if held else (context, publish_at)
+    for attempt in range(1, NEW_ID_ATTEMPTS + 1):
         try:
-            return _one_id(conn.execute(sql, params).fetchone())
+            row = conn.execute(sql, params).fetchone()
         except UniqueViolation:
+            if attempt == NEW_ID_ATTEMPTS:
+                raise
             continue  # P-45: that id is a chosen one; the next n is another id
-    return _one_id(conn.execute(sql, params).fetchone())
-
-
-def _one_id(row: tuple[object, ...] | None) -> str:
-    assert row is not None and isinstance(row[0], str)
-    return row[0]
+        assert row is not None and isinstance(row[0], str)
+        return row[0]
+    raise AssertionError("unreachable")
 
 
 def notify(conn: psycopg.Connection[tuple[object, ...]], channel: str) -> None:
