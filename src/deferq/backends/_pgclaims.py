@@ -26,7 +26,8 @@ Rules:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+import functools
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from deferq._core.types import PendingTask
 
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 
 _NOW_S = "floor(extract(epoch from now()))::bigint"
 # P-45: inserts of a new id tried before the add fails (each taken id costs one more).
-NEW_ID_ATTEMPTS = 8
+NEW_ID_ATTEMPTS: Final = 8
+UNIQUE_VIOLATION: Final = "23505"  # the SQLSTATE of a taken primary key
 # P-41: the row is not held by another worker under a live lease (``%(owner)s`` is the caller).
 FREE_FOR_OWNER = ("(p.lease_owner IS NULL OR p.lease_owner = %(owner)s "
                   "OR p.lease_until < now())")
@@ -81,24 +83,30 @@ def _add_new(conn: psycopg.Connection[tuple[object, ...]], s: str, context: byte
     A plain INSERT, not an upsert: no conflict is expected, and one ``nextval`` instead of
     two made a single producer's add 8 % faster (docs/benchmarks.md, PostgreSQL session 7).
     """
-    from psycopg.errors import UniqueViolation
     held = owner is not None  # P-72: a claiming backend's add is held by it at once
-    sql = (f"INSERT INTO {s}.pending (id, seq, context, publish_at"
-           f"{', lease_owner, lease_until' if held else ''}) "
-           f"SELECT {_NOW_S}::text || '-' || n, n, %s, %s"
-           f"{', %s, now() + make_interval(secs => %s)' if held else ''} "
-           f"FROM nextval('{s}.task_seq') AS n RETURNING id")
+    sql = _new_id_sql(s, held)
     params = (context, publish_at, owner, lease_s) if held else (context, publish_at)
     for attempt in range(1, NEW_ID_ATTEMPTS + 1):
         try:
             row = conn.execute(sql, params).fetchone()
-        except UniqueViolation:
-            if attempt == NEW_ID_ATTEMPTS:
+        except Exception as exc:
+            if getattr(exc, "sqlstate", None) != UNIQUE_VIOLATION or attempt == NEW_ID_ATTEMPTS:
                 raise
             continue  # P-45: that id is a chosen one; the next n is another id
         assert row is not None and isinstance(row[0], str)
         return row[0]
     raise AssertionError("unreachable")
+
+
+@functools.lru_cache(maxsize=64)
+def _new_id_sql(s: str, held: bool) -> str:
+    """The new-id insert of schema ``s`` (held: with the adding backend's lease), built once:
+    every add of a producer runs it."""
+    return (f"INSERT INTO {s}.pending (id, seq, context, publish_at"
+            f"{', lease_owner, lease_until' if held else ''}) "
+            f"SELECT {_NOW_S}::text || '-' || n, n, %s, %s"
+            f"{', %s, now() + make_interval(secs => %s)' if held else ''} "
+            f"FROM nextval('{s}.task_seq') AS n RETURNING id")
 
 
 def notify(conn: psycopg.Connection[tuple[object, ...]], channel: str) -> None:
