@@ -3,7 +3,8 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_runtime.py [--smoke] [--only ROW[,ROW]] [--json-out FILE]
+    .venv/bin/python benchmarks/bench_runtime.py [--smoke] [--only ROW[,ROW]] [--reps N]
+        [--json-out FILE]
 
 Rows:
 
@@ -27,8 +28,8 @@ Rows:
   queue's hook machinery costs at most 5 %); the ratio to the run without hooks is printed
   too.
 
-The repetitions of each row alternate its two sides; ratios are medians of per-repetition
-ratios. Only ratios of one run mean anything. One JSON line per run goes to ``--json-out``
+The repetitions of each row alternate its sides (5 by default; ``--reps`` for more, whose
+median moves less from run to run); ratios are medians of per-repetition ratios. Only ratios of one run mean anything. One JSON line per run goes to ``--json-out``
 (default ``benchmarks/runtime.jsonl``; do not commit it). See docs/benchmarks.md.
 """
 
@@ -430,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="deferq runtime benchmarks (issue #18)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: only checks it runs")
     parser.add_argument("--only", default=",".join(ROWS), help=f"rows: {', '.join(ROWS)}")
+    parser.add_argument("--reps", type=int, default=None,
+                        help=f"repetitions of each row (default {FULL.reps}; --smoke {SMOKE.reps})")
     parser.add_argument("--dir", default=None, help="where the scratch directory goes")
     parser.add_argument("--json-out", default=DEFAULT_JSON_OUT)
     args = parser.parse_args(argv)
@@ -438,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not names:
         parser.error(f"unknown row(s) {unknown}; the rows are {', '.join(ROWS)}")
     sizes = SMOKE if args.smoke else FULL
+    if args.reps is not None:
+        if args.reps < 1:
+            parser.error(f"--reps must be at least 1, got {args.reps}")
+        sizes = dataclasses.replace(sizes, reps=args.reps)
     scratch = tempfile.mkdtemp(prefix="deferq-bench-", dir=args.dir)
     rows = []
     try:
@@ -447,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     record = {"timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "kind": "runtime", "mode": "smoke" if args.smoke else "full",
+              "kind": "runtime", "mode": "smoke" if args.smoke else "full", "reps": sizes.reps,
               "loadavg": os.getloadavg(), "rows": rows}
     with open(args.json_out, "a", encoding="utf-8") as out:
         out.write(json.dumps(record) + "\n")
