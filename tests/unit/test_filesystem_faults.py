@@ -1,0 +1,250 @@
+"""Filesystem faults a running worker meets: its files deleted, a full disk, failed fsyncs
+(spec/wal.md W-80..W-82, spec/dead-tasks.md S-91, spec/queue.md Q-176, Q-177).
+
+Goal: under each fault the error names what failed (the file's path and the errno's meaning),
+a broken store keeps saying why, nothing acknowledged is lost, and an operator command prints
+one line, never a traceback. Method: real files in ``tmp_path`` for the deleted WAL file and
+the removed storage directory (a worker keeps writing into a file that has no name, which
+only a real directory shows as it is); the simulated disk's ``FaultRule`` for ENOSPC and
+EIO at a chosen write or fsync; and, for the command line, a real ``deferq`` process whose
+file-size limit (``RLIMIT_FSIZE``, no root needed) makes its writes fail with ``EFBIG``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import deferq
+from deferq._core.errors import StorageBrokenError
+from deferq._core.names import is_wal_file_name
+from deferq.backends import Disk
+from deferq.crashtest import Enospc, FaultRule, FsyncEio, SimDisk
+
+PREFIX = "deferred-"
+
+
+def wal_files(storage: Path) -> list[Path]:
+    return sorted(p for p in storage.iterdir() if is_wal_file_name(PREFIX, p.name))
+
+
+def pending(disk: Disk) -> dict[str, bytes]:
+    return {task.task_id: task.context for task in disk.pending_tasks()}
+
+
+# ----------------------------------------------------------------------------- a deleted WAL file
+
+
+@pytest.mark.spec("W-80")
+@pytest.mark.parametrize("when", ["sweep", "close"])
+def test_a_wal_file_deleted_under_a_running_worker_is_copied_back_with_every_pending_task(
+        storage: Path, when: str, caplog: pytest.LogCaptureFixture) -> None:
+    disk = Disk(path=storage, prefix=PREFIX, fsync_frequency=0.5)
+    try:
+        for n in range(5):
+            disk.add_task(b"task-%d" % n, task_id=f"t{n}")
+        disk.remove_task("t1")
+        (deleted,) = wal_files(storage)
+        deleted.unlink()  # by hand, while the worker runs
+        disk.add_task(b"after", task_id="t5")  # acknowledged into the nameless file
+        disk.remove_task("t2")
+        want = pending(disk)
+        assert set(want) == {"t0", "t3", "t4", "t5"}
+        with caplog.at_level(logging.WARNING, logger="deferq"):
+            if when == "sweep":
+                assert disk.adopt_orphans() == []
+                (copy,) = wal_files(storage)
+                assert copy != deleted
+                disk.add_task(b"later", task_id="t6")  # goes into the copy
+                want["t6"] = b"later"
+    finally:
+        with caplog.at_level(logging.WARNING, logger="deferq"):
+            disk.close()
+    assert any(str(deleted) in r.getMessage() and "deleted" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    with Disk(path=storage, prefix=PREFIX, fsync_frequency=0) as reopened:
+        assert pending(reopened) == want
+        assert reopened._wal.corrupt_records == 0
+
+
+@pytest.mark.spec("W-81", "W-82")
+def test_a_removed_storage_directory_breaks_the_wal_with_an_error_naming_it(
+        storage: Path) -> None:
+    disk = Disk(path=storage, prefix=PREFIX, fsync_frequency=0)
+    try:
+        disk.add_task(b"a", task_id="a")
+        (lost,) = wal_files(storage)
+        shutil.rmtree(storage)
+        with pytest.raises(StorageBrokenError) as info:
+            disk.adopt_orphans()
+        message = str(info.value)
+        assert str(lost) in message and str(storage) in message
+        assert "No such file or directory" in message and "1 pending task" in message
+        # Every later call refuses, and says why: no add is acknowledged into a file
+        # that no restart could find.
+        with pytest.raises(StorageBrokenError, match="was deleted while this worker ran"):
+            disk.add_task(b"b", task_id="b")
+        # The dead-task store's error names the file by its path, not a bare name.
+        with pytest.raises(FileNotFoundError) as missing:
+            disk.add_dead_task("d", b"c", ValueError("x"), task_class="T", attempts=1)
+        assert missing.value.filename == f"{storage}/{PREFIX}dead_tasks-0"
+    finally:
+        disk.close()
+
+
+@pytest.mark.spec("Q-176", "W-80")
+def test_a_queue_goes_on_with_every_task_after_its_wal_file_is_deleted(storage: Path) -> None:
+    registry = deferq.TaskRegistry()
+
+    class Later(deferq.Task, name="faults.Later", registry=registry):
+        def perform(self) -> None:
+            raise AssertionError("scheduled an hour from now: never runs here")
+
+    async def main() -> tuple[list[str], str]:
+        disk = Disk(path=storage, prefix=PREFIX, fsync_frequency=0)
+        queue = deferq.Queue(disk, registry=registry, sweep_interval=0.05)
+        await queue.start()
+        ids = [await queue.adefer(Later.options(delay=3600)) for _ in range(3)]
+        (deleted,) = wal_files(storage)
+        deleted.unlink()
+        ids.append(await queue.adefer(Later.options(delay=3600)))
+        for _ in range(200):  # the next sweep copies the tasks back (at most 2 s)
+            if wal_files(storage):
+                break
+            await asyncio.sleep(0.01)
+        ids.append(await queue.adefer(Later.options(delay=3600)))
+        await asyncio.wait_for(queue.stop(timeout=1), 5)
+        disk.close()
+        return ids, deleted.name
+
+    ids, deleted = asyncio.run(main())
+    assert [p.name for p in wal_files(storage)] != [deleted]
+    with Disk(path=storage, prefix=PREFIX, fsync_frequency=0) as reopened:
+        assert sorted(pending(reopened)) == sorted(ids)
+
+
+@pytest.mark.spec("Q-176", "W-81")
+def test_a_queue_whose_storage_directory_is_removed_refuses_enqueues_and_stops(
+        storage: Path) -> None:
+    registry = deferq.TaskRegistry()
+
+    class Later(deferq.Task, name="faults.Later", registry=registry):
+        def perform(self) -> None:
+            raise AssertionError("never runs here")
+
+    async def main() -> str:
+        disk = Disk(path=storage, prefix=PREFIX, fsync_frequency=0)
+        queue = deferq.Queue(disk, registry=registry, sweep_interval=0.05)
+        await queue.start()
+        await queue.adefer(Later.options(delay=3600))
+        shutil.rmtree(storage)
+        try:
+            for _ in range(200):
+                await asyncio.wait_for(queue.adefer(Later.options(delay=3600)), 5)
+                await asyncio.sleep(0.01)
+            raise AssertionError("enqueues still acknowledged 2 s after the directory went")
+        except StorageBrokenError as exc:
+            refused = str(exc)
+        with pytest.raises(StorageBrokenError):
+            await asyncio.wait_for(queue.stop(timeout=1), 5)  # its sync fails (Q-149)
+        disk.close()
+        return refused
+
+    refused = asyncio.run(main())
+    assert str(storage) in refused and "was deleted while this worker ran" in refused
+
+
+# ----------------------------------------------------------------------------- errors name the file
+
+
+@pytest.mark.spec("W-82")
+def test_a_full_disk_names_the_wal_file_and_a_failed_fsync_is_repeated_by_every_refusal() -> None:
+    sim = SimDisk(7)
+    disk = Disk(path="/s", prefix=PREFIX, fsync_frequency=0, env=sim.process())
+    try:
+        disk.add_task(b"a", task_id="a")
+        wal = "/s/" + disk._wal.file_name
+        sim.inject(FaultRule(op="write", fault=Enospc(), path=wal))
+        with pytest.raises(OSError) as full:
+            disk.add_task(b"b" * 300, task_id="b")
+        assert full.value.filename == wal
+        assert str(full.value).startswith("[Errno 28] No space left on device: ")
+        sim.inject(FaultRule(op="fsync", fault=FsyncEio(), path=wal))
+        with pytest.raises(StorageBrokenError) as broken:
+            disk.add_task(b"c", task_id="c")
+        assert wal in str(broken.value) and "Input/output error" in str(broken.value)
+        for call in (lambda: disk.add_task(b"d"), disk.sync, disk.pending_tasks):
+            with pytest.raises(StorageBrokenError) as refused:
+                call()
+            assert wal in str(refused.value) and "Input/output error" in str(refused.value)
+    finally:
+        disk.close()
+
+
+@pytest.mark.spec("S-91")
+def test_dead_task_errors_name_the_data_or_staging_file_and_a_broken_store_says_why() -> None:
+    sim = SimDisk(8)
+    disk = Disk(path="/s", prefix=PREFIX, fsync_frequency=0, env=sim.process())
+    data, staging = f"/s/{PREFIX}dead_tasks-0", f"/s/{PREFIX}dead_tasks-0.tmp"
+
+    def add(task_id: str) -> str:
+        return disk.add_dead_task(task_id, b"ctx", ValueError("x"), task_class="T", attempts=1)
+
+    try:
+        add("a")
+        add("b")
+        sim.inject(FaultRule(op="write", fault=Enospc(), path=data))
+        with pytest.raises(OSError) as full:
+            add("c")
+        assert full.value.filename == data
+        sim.inject(FaultRule(op="write", fault=Enospc(), path=staging))
+        with pytest.raises(OSError) as compaction:
+            disk.remove_dead_tasks(["a"])
+        assert compaction.value.filename == staging
+        sim.inject(FaultRule(op="fsync", fault=FsyncEio(), path=data))
+        with pytest.raises(StorageBrokenError) as broken:
+            add("d")
+        assert data in str(broken.value) and "Input/output error" in str(broken.value)
+        with pytest.raises(StorageBrokenError) as refused:
+            disk.list_dead_tasks()
+        assert data in str(refused.value) and "Input/output error" in str(refused.value)
+    finally:
+        disk.close()
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def _small_file_limit() -> None:
+    """In the child: every write past byte 10 of a file fails with EFBIG, as a full disk does."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (10, 10))
+
+
+@pytest.mark.spec("Q-177", "W-82")
+def test_an_operator_command_whose_writes_fail_prints_one_line_naming_the_file(
+        storage: Path) -> None:
+    with Disk(path=storage, prefix=PREFIX, fsync_frequency=0) as disk:
+        disk.add_dead_task("d1", b"{}", ValueError("x"), task_class="T", attempts=1)
+    before = {p.name: p.read_bytes() for p in storage.iterdir()}
+    result = subprocess.run(
+        [sys.executable, "-m", "deferq", "--path", str(storage), "dead", "retry", "d1"],
+        capture_output=True, text=True, timeout=60, preexec_fn=_small_file_limit,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[-1].startswith("deferq: error: [Errno 27] File too large: "), lines
+    assert f"'{storage}/{PREFIX}" in lines[-1]  # the hand-off file, by its path
+    assert len(lines) <= 2, lines  # the error, and at most the engine's one-line warning
+    # Nothing was removed, and the failed hand-off file was unlinked (W-73).
+    assert {p.name: p.read_bytes() for p in storage.iterdir()} == before
