@@ -13,6 +13,7 @@ file-size limit (``RLIMIT_FSIZE``, no root needed) makes its writes fail with ``
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import resource
@@ -26,7 +27,7 @@ import pytest
 
 import deferq
 from deferq._core.errors import StorageBrokenError
-from deferq._core.names import is_wal_file_name
+from deferq._core.names import is_wal_file_name, schedules_tmp_name
 from deferq.backends import Disk
 from deferq.crashtest import Enospc, FaultRule, FsyncEio, SimDisk
 
@@ -219,6 +220,58 @@ def test_dead_task_errors_name_the_data_or_staging_file_and_a_broken_store_says_
         assert data in str(refused.value) and "Input/output error" in str(refused.value)
     finally:
         disk.close()
+
+
+_REAL_FULL_DISK = """
+import errno, json, resource, signal, sys
+from deferq.backends import Disk
+
+out = {}
+with Disk(path=sys.argv[1], prefix="deferred-", fsync_frequency=0) as disk:
+    for n in range(12):  # about 3 KB of dead tasks, written before the limit
+        disk.add_dead_task(f"d{n}", b"c" * 100, ValueError("x"), task_class="T", attempts=1)
+    store = disk.open_schedules()
+    assert store.try_lead()
+    # From here every write past byte 1000 of any file fails with EFBIG, as on a full disk.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))
+    calls = {
+        "wal": lambda: disk.add_task(b"w" * 4000),
+        "dead": lambda: disk.add_dead_task("big", b"c", ValueError("x"), task_class="T",
+                                           attempts=1),
+        "compaction": lambda: disk.remove_dead_tasks(["d0"]),
+        "schedules": lambda: store.write({f"schedule-{n}": n for n in range(100)}),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = "no error"
+        except OSError as exc:
+            out[name] = [exc.errno == errno.EFBIG, exc.filename, str(exc)]
+    store.close()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.spec("W-82", "S-91")
+def test_a_real_write_that_fails_names_its_file_in_the_error(storage: Path) -> None:
+    """The kernel's own error (a ``write`` names no file), from a real process whose file-size
+    limit makes every file's writes fail past 1000 bytes."""
+    result = subprocess.run([sys.executable, "-c", _REAL_FULL_DISK, str(storage)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    files = {"dead": f"{PREFIX}dead_tasks-0", "compaction": f"{PREFIX}dead_tasks-0.tmp",
+             "schedules": schedules_tmp_name(PREFIX)}
+    for name, (efbig, filename, message) in out.items():
+        assert efbig, (name, message)
+        assert isinstance(filename, str), (name, message)  # the kernel's error names no file
+        if name == "wal":
+            assert is_wal_file_name(PREFIX, Path(filename).name) and filename.startswith(
+                f"{storage}/"), message
+        else:
+            assert filename == f"{storage}/{files[name]}", (name, message)
+        assert message.startswith("[Errno 27] File too large: ") and filename in message
 
 
 # ----------------------------------------------------------------------------- the command line
