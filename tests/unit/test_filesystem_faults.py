@@ -28,6 +28,8 @@ import pytest
 import deferq
 from deferq._core.errors import StorageBrokenError
 from deferq._core.names import is_wal_file_name, schedules_tmp_name
+from deferq._engine.env import OpenFlag
+from deferq._engine.osenv import DirEnv
 from deferq.backends import Disk
 from deferq.crashtest import Enospc, FaultRule, FsyncEio, SimDisk
 
@@ -220,6 +222,27 @@ def test_dead_task_errors_name_the_data_or_staging_file_and_a_broken_store_says_
         assert data in str(refused.value) and "Input/output error" in str(refused.value)
     finally:
         disk.close()
+
+
+@pytest.mark.spec("W-82", "S-91")
+def test_the_held_directorys_errors_name_paths_not_bare_names(storage: Path) -> None:
+    """``DirEnv`` resolves names in the directory it holds open (F-25): the kernel's error
+    then carries the bare name, which it replaces with the path."""
+    storage.mkdir(mode=0o700)
+    env = DirEnv(str(storage))
+    try:
+        missing, other = f"{storage}/{PREFIX}dead_tasks-0", f"{storage}/{PREFIX}dead_tasks-0.tmp"
+        with pytest.raises(FileNotFoundError) as opened:
+            env.open(missing, OpenFlag.READ)
+        assert opened.value.filename == missing
+        with pytest.raises(FileNotFoundError) as unlinked:
+            env.unlink(missing)
+        assert unlinked.value.filename == missing
+        with pytest.raises(FileNotFoundError) as renamed:
+            env.rename(other, missing)
+        assert (renamed.value.filename, renamed.value.filename2) == (other, missing)
+    finally:
+        env.close_directory()
 
 
 _REAL_FULL_DISK = """
