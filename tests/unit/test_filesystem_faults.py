@@ -28,8 +28,8 @@ import pytest
 import deferq
 from deferq._core.errors import StorageBrokenError
 from deferq._core.names import is_wal_file_name, schedules_tmp_name
-from deferq._engine.env import OpenFlag
-from deferq._engine.osenv import DirEnv
+from deferq._engine.env import FileStat, OpenFlag
+from deferq._engine.osenv import DirEnv, OsEnv
 from deferq.backends import Disk
 from deferq.crashtest import Enospc, FaultRule, FsyncEio, SimDisk
 
@@ -77,6 +77,33 @@ def test_a_wal_file_deleted_under_a_running_worker_is_copied_back_with_every_pen
     with Disk(path=storage, prefix=PREFIX, fsync_frequency=0) as reopened:
         assert pending(reopened) == want
         assert reopened._wal.corrupt_records == 0
+
+
+class _LyingLinks(OsEnv):
+    """The real filesystem, except that ``fstat`` says 0 links once ``lying`` is set."""
+
+    lying = False
+
+    def fstat(self, fd: int) -> FileStat:
+        stat = super().fstat(fd)
+        return stat._replace(links=0) if self.lying else stat
+
+
+@pytest.mark.spec("W-80")
+def test_a_link_count_of_0_is_checked_against_the_name_before_anything_is_copied(
+        storage: Path) -> None:
+    env = _LyingLinks()
+    with Disk(path=storage, prefix=PREFIX, fsync_frequency=0, env=env) as disk:
+        disk.add_task(b"a", task_id="a")
+        (main,) = wal_files(storage)
+        env.lying = True
+        for _ in range(3):  # a copy per sweep would pile up files
+            assert disk.adopt_orphans() == []
+        assert wal_files(storage) == [main]
+        disk.add_task(b"b", task_id="b")
+        env.lying = False
+    with Disk(path=storage, prefix=PREFIX, fsync_frequency=0) as reopened:
+        assert pending(reopened) == {"a": b"a", "b": b"b"}
 
 
 @pytest.mark.spec("W-81", "W-82")

@@ -27,6 +27,7 @@ import logging
 from deferq._core.errors import StorageBrokenError
 from deferq._core.recovery import WalReplay, live_fields
 from deferq._core.types import PendingTask
+from deferq._engine.env import OpenFlag
 from deferq._engine.io import join
 from deferq._engine.walbase import WalState
 from deferq._engine.walfiles import WalFiles
@@ -108,7 +109,7 @@ class WalSweep(WalFiles, WalSpace, WalSync):
         """
         while self._syncing:
             self._synced.wait()
-        if self._state is not WalState.OPEN or self._env.fstat(self._fd).links > 0:
+        if self._state is not WalState.OPEN or not self._main_file_deleted():
             return
         lost = join(self._path, self._name)
         try:
@@ -131,3 +132,21 @@ class WalSweep(WalFiles, WalSpace, WalSync):
         # The rotation limit stays: the copy is no larger than the file it replaces (W-9).
         self._durable = self._written  # W-77: the fsynced copy holds every pending task
         self._close_fds([old_fd])
+
+    def _main_file_deleted(self) -> bool:
+        """W-80: the main file has no name: its link count is 0, and its name (if it still
+        opens) is another file. The name is asked too, only then, so that a filesystem whose
+        link count lied would not get a new copy at every sweep."""
+        env = self._env
+        mine = env.fstat(self._fd)
+        if mine.links > 0:
+            return False
+        try:
+            fd = env.open(join(self._path, self._name), OpenFlag.READ)
+        except OSError:  # gone (the name, or the directory), or not a regular file (F-16)
+            return True
+        try:
+            named = env.fstat(fd)
+        finally:
+            self._close_fds([fd])
+        return (named.device, named.inode) != (mine.device, mine.inode)
