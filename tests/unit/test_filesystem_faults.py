@@ -13,6 +13,7 @@ file-size limit (``RLIMIT_FSIZE``, no root needed) makes its writes fail with ``
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -104,6 +105,33 @@ def test_a_link_count_of_0_is_checked_against_the_name_before_anything_is_copied
         env.lying = False
     with Disk(path=storage, prefix=PREFIX, fsync_frequency=0) as reopened:
         assert pending(reopened) == {"a": b"a", "b": b"b"}
+
+
+class _ReadEio(OsEnv):
+    """The real filesystem, except that ``pread`` fails as a bad sector does once ``failing``
+    is set: with the kernel's error, which names no file."""
+
+    failing = False
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        if self.failing:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return super().pread(fd, size, offset)
+
+
+@pytest.mark.spec("W-82")
+def test_a_read_error_while_adopting_names_the_orphan(storage: Path) -> None:
+    with Disk(path=storage, prefix=PREFIX, fsync_frequency=0) as disk:
+        disk.add_task(b"a", task_id="a")
+        (orphan,) = wal_files(storage)
+    env = _ReadEio()
+    env.failing = True
+    with pytest.raises(OSError) as info:
+        Disk(path=storage, prefix=PREFIX, fsync_frequency=0, env=env)
+    assert info.value.filename == str(orphan), info.value
+    assert wal_files(storage) == [orphan]  # left for the next worker
+    with Disk(path=storage, prefix=PREFIX, fsync_frequency=0) as reopened:
+        assert pending(reopened) == {"a": b"a"}
 
 
 @pytest.mark.spec("W-81", "W-82")

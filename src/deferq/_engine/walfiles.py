@@ -77,9 +77,13 @@ class WalFiles(WalBase):
     def _replay(self, claimed: list[tuple[str, int]]) -> WalReplay:
         """Replay every claimed file in name order (W-3, W-15, R-@A..R-@L), on the fast path (W-16)."""
         replay = FastWalReplay()
-        for _, fd in claimed:
-            end = records_end(self._env, fd, self._env.fstat(fd).size)  # R-@L
-            replay.apply_file(chunks_forward(self._env, fd, end))
+        for name, fd in claimed:
+            try:
+                end = records_end(self._env, fd, self._env.fstat(fd).size)  # R-@L
+                replay.apply_file(chunks_forward(self._env, fd, end))
+            except OSError as exc:
+                name_file(exc, join(self._path, name))  # W-82: a read error names its file
+                raise
         return replay.result()
 
     def _adopt(self, claimed: list[tuple[str, int]]) -> tuple[str, int]:
