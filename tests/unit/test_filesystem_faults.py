@@ -31,6 +31,8 @@ from deferq._core.errors import StorageBrokenError
 from deferq._core.names import is_wal_file_name, schedules_tmp_name
 from deferq._engine.env import FileStat, OpenFlag
 from deferq._engine.osenv import DirEnv, OsEnv
+from deferq._engine.scan import scan_pending
+from deferq._engine.verify import verify_file
 from deferq.backends import Disk
 from deferq.crashtest import Enospc, FaultRule, FsyncEio, SimDisk
 
@@ -132,6 +134,23 @@ def test_a_read_error_while_adopting_names_the_orphan(storage: Path) -> None:
     assert wal_files(storage) == [orphan]  # left for the next worker
     with Disk(path=storage, prefix=PREFIX, fsync_frequency=0) as reopened:
         assert pending(reopened) == {"a": b"a"}
+
+
+@pytest.mark.spec("Q-177")
+def test_the_operators_read_only_scans_name_a_file_they_cannot_read(storage: Path) -> None:
+    with Disk(path=storage, prefix=PREFIX, fsync_frequency=0) as disk:
+        disk.add_task(b"a", task_id="a")
+        disk.add_dead_task("d", b"c", ValueError("x"), task_class="T", attempts=1)
+        (wal,) = wal_files(storage)
+    env = _ReadEio()
+    env.failing = True
+    with pytest.raises(OSError) as scanned:  # deferq pending list, stats
+        scan_pending(env, str(storage), PREFIX)
+    assert scanned.value.filename == str(wal)
+    for name, kind in ((wal.name, "wal"), (f"{PREFIX}dead_tasks-0", "dead")):  # deferq verify
+        with pytest.raises(OSError) as verified:
+            verify_file(env, str(storage), name, kind)
+        assert verified.value.filename == f"{storage}/{name}"
 
 
 @pytest.mark.spec("W-81", "W-82")
