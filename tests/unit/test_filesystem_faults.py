@@ -17,9 +17,7 @@ import errno
 import json
 import logging
 import os
-import resource
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -374,10 +372,11 @@ def test_a_real_write_that_fails_names_its_file_in_the_error(storage: Path) -> N
 # ----------------------------------------------------------------------------- the command line
 
 
-def _small_file_limit() -> None:
-    """In the child: every write past byte 10 of a file fails with EFBIG, as a full disk does."""
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (10, 10))
+# The command, in a process whose every write past byte 10 of a file fails with EFBIG, as
+# on a full disk (set before deferq is imported; no preexec_fn, which forks a threaded parent).
+_LIMITED_CLI = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+                "resource.setrlimit(resource.RLIMIT_FSIZE, (10, 10)); "
+                "from deferq._cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 @pytest.mark.spec("Q-177", "W-82")
@@ -387,9 +386,8 @@ def test_an_operator_command_whose_writes_fail_prints_one_line_naming_the_file(
         disk.add_dead_task("d1", b"{}", ValueError("x"), task_class="T", attempts=1)
     before = {p.name: p.read_bytes() for p in storage.iterdir()}
     result = subprocess.run(
-        [sys.executable, "-m", "deferq", "--path", str(storage), "dead", "retry", "d1"],
-        capture_output=True, text=True, timeout=60, preexec_fn=_small_file_limit,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        [sys.executable, "-c", _LIMITED_CLI, "--path", str(storage), "dead", "retry", "d1"],
+        capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.splitlines()
