@@ -30,6 +30,7 @@ are the store's (``deadstore.py``) or its reads' (``deadreads.py``).
 from __future__ import annotations
 
 import contextlib
+import errno
 from typing import TYPE_CHECKING, Final
 from zlib import crc32
 
@@ -44,7 +45,7 @@ from deferq._core.limits import (
 from deferq._core.recovery import ChunkLines, RawLine, capped_line
 from deferq._engine.deadindex import DEAD_BODY_PREFIX, ID_START, dead_line
 from deferq._engine.env import Env, OpenFlag
-from deferq._engine.io import chunks_forward, write_all
+from deferq._engine.io import chunks_forward, name_file, write_all
 from deferq._engine.lazylog import Log
 
 log = Log("deferq")  # logging itself on the first message (lazylog.py)
@@ -53,6 +54,9 @@ log = Log("deferq")  # logging itself on the first message (lazylog.py)
 # durable yet (S-9): 0 = settled, COMPACTION_MARK_BYTES = a rename is in flight.
 COMPACTION_MARK_BYTES = 1
 _STAGING: Final = OpenFlag.WRITE | OpenFlag.CREATE | OpenFlag.TRUNCATE
+# The errors only a write raises (a full disk, a quota, a file-size limit): during a
+# compaction they are the staging file's, which the message then names.
+_FULL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 class DeadCompaction:
@@ -101,13 +105,19 @@ class DeadCompaction:
                     found = self._copy_survivors(tmp_fd, task_ids)
                     if found:
                         # A failure leaves the live file untouched: no fail-stop.
-                        env.fsync(tmp_fd)
+                        try:
+                            env.fsync(tmp_fd)
+                        except OSError as exc:
+                            name_file(exc, self._tmp)
+                            raise
                 finally:
                     env.close(tmp_fd)
-            except Exception:
+            except Exception as exc:
                 # Implements S-16: a partial staging file left behind on a full disk would keep
                 # the space it took, and every later add would fail with ENOSPC too. Not on a
                 # BaseException: a dead (or simulated-dead) process runs no more disk code.
+                if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+                    name_file(exc, self._tmp)  # only a write fails so: the staging file's
                 self._discard_staging()
                 raise
             if not found:
@@ -143,7 +153,7 @@ class DeadCompaction:
             # The rename may be undone by a power loss, and with it any add that a later
             # operation makes to the new inode: stop (D-10, A-7). The mark stays set.
             raise self._fail_stop("fsync of the storage directory after compaction failed",
-                                  exc) from exc
+                                  name_file(exc, self._path)) from exc
         self._env.ftruncate(self._lock_fd, 0)
 
     def _settle_compaction(self) -> None:

@@ -36,7 +36,7 @@ from deferq._core.limits import FILE_MODE, GROUP_COMMIT_ROUNDS_MAX
 from deferq._core.types import DeadTask
 from deferq._engine.deadindex import DeadIndex
 from deferq._engine.env import Condition, Env, FileStat, Mutex, OpenFlag
-from deferq._engine.io import repair_tail, write_all
+from deferq._engine.io import name_file, repair_tail, write_all
 
 _APPEND: Final = OpenFlag.READ | OpenFlag.WRITE | OpenFlag.APPEND  # computed once: enum | costs
 _APPEND_CREATE: Final = _APPEND | OpenFlag.CREATE
@@ -221,7 +221,8 @@ class DeadAdds:
             try:
                 env.fsync_dir(self._path)
             except OSError as exc:
-                raise self._fail_stop("fsync of the storage directory failed", exc) from exc
+                raise self._fail_stop("fsync of the storage directory failed",
+                                      name_file(exc, self._path)) from exc
 
     def _append_durably(self, fd: int, line: bytes) -> None:
         """Implements S-4: cut a torn tail, append, fsync; on failure cut the append back.
@@ -238,12 +239,14 @@ class DeadAdds:
                 if written <= 0:
                     raise OSError(f"write returned {written} with {len(line)} bytes left")
                 write_all(env, fd, line[written:])
-        except OSError:
+        except OSError as exc:
+            name_file(exc, self._data)  # the message says which file is full or failed
             self._cut_back(fd, size)
             raise
         try:
             env.fsync(fd)
         except OSError as exc:
+            name_file(exc, self._data)
             self._cut_back(fd, size)
             raise self._fail_stop("fsync of the dead-task data file failed", exc) from exc
 
@@ -251,4 +254,5 @@ class DeadAdds:
         try:
             self._env.ftruncate(fd, size)
         except OSError as exc:
-            raise self._fail_stop("a failed dead-task write could not be cut back", exc) from exc
+            raise self._fail_stop("a failed dead-task write could not be cut back",
+                                  name_file(exc, self._data)) from exc

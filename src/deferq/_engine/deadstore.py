@@ -90,6 +90,7 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadDeepPages, DeadFold, DeadCompaction
         self._cache = join(path, dead_cache_name(prefix))
         self._closed = False
         self._broken = False
+        self._broken_reason = ""  # why it broke, repeated by every call it refuses (D-10)
         self._pid = env.getpid()
         self._init_process_state()
         lock_path = join(path, dead_lock_name(prefix))
@@ -145,8 +146,8 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadDeepPages, DeadFold, DeadCompaction
         if self._closed:
             raise StorageClosedError("the Disk backend is closed")
         if self._broken:
-            raise StorageBrokenError("the dead-task store failed to write or fsync earlier and"
-                                     " refuses work; restart the worker")
+            raise StorageBrokenError("the dead-task store refuses work since an earlier failure"
+                                     f" ({self._broken_reason}); restart the worker")
         if self._env.getpid() != self._pid:
             # W-14: a forked child shares the lock file's description, so its flock would
             # succeed while the parent holds it and its unlock would release the parent's.
@@ -154,10 +155,14 @@ class DeadTaskStore(DeadAdds, DeadReads, DeadDeepPages, DeadFold, DeadCompaction
                 f"this Disk was opened by process {self._pid}; a forked child must open its own")
 
     def _fail_stop(self, message: str, exc: OSError) -> StorageBrokenError:
-        """Implements D-10: after a failed fsync nothing later may be acknowledged."""
+        """Implements D-10: after a failed fsync nothing later may be acknowledged.
+
+        The error says what failed, and ``exc`` why (naming the file, ``name_file``).
+        """
         self._broken = True
         self._index = None
-        return StorageBrokenError(message)
+        self._broken_reason = f"{message}: {exc}"
+        return StorageBrokenError(self._broken_reason)
 
     def _open_data(self, flags: OpenFlag) -> int | None:
         """Open the data file by path (S-3); None when it does not exist."""

@@ -21,6 +21,19 @@ def join(directory: str, name: str) -> str:
     return name if directory in ("", ".") else f"{directory.rstrip('/')}/{name}"
 
 
+def name_file(exc: OSError, path: str) -> OSError:
+    """Name ``path`` in ``exc`` if it names no file, and return it.
+
+    A ``write``, ``fsync`` or ``ftruncate`` takes a descriptor, so the kernel's error
+    (``[Errno 28] No space left on device``) does not say which file failed; the engine
+    adds it before the error leaves, so every message names the file. An ``OSError``
+    without an errno (the engine's own) is left alone: Python would print ``[Errno None]``.
+    """
+    if exc.filename is None and exc.errno is not None:
+        exc.filename = path
+    return exc
+
+
 def write_all(env: Env, fd: int, data: bytes) -> None:
     """Write every byte of ``data``, looping over short writes (A-6)."""
     view = memoryview(data)

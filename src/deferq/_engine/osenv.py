@@ -137,6 +137,7 @@ class OsEnv:
             if exc.errno == errno.EISDIR:  # a directory opened for writing
                 raise UnsafeEntryError(exc.errno, f"{path} is a directory, not a regular "
                                        "file") from None
+            exc.filename = path  # the storage directory's file, not a bare name (DirEnv)
             raise
         mode_bits = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode_bits):
@@ -231,6 +232,9 @@ class OsEnv:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
         try:
             os.fsync(fd)
+        except OSError as exc:
+            exc.filename = path  # fsync takes a descriptor: say which directory failed
+            raise
         finally:
             os.close(fd)
 
@@ -368,10 +372,18 @@ class DirEnv(OsEnv):
 
     def rename(self, src: str, dst: str) -> None:
         fd = self.dir_fd()
-        os.rename(self._name(src), self._name(dst), src_dir_fd=fd, dst_dir_fd=fd)
+        try:
+            os.rename(self._name(src), self._name(dst), src_dir_fd=fd, dst_dir_fd=fd)
+        except OSError as exc:
+            exc.filename, exc.filename2 = src, dst  # the paths, not bare names
+            raise
 
     def unlink(self, path: str) -> None:
-        os.unlink(self._name(path), dir_fd=self.dir_fd())
+        try:
+            os.unlink(self._name(path), dir_fd=self.dir_fd())
+        except OSError as exc:
+            exc.filename = path  # the path, not a bare name
+            raise
 
     def makedirs(self, path: str, mode: int = 0o700) -> None:
         self._is_directory(path)  # it exists: it is open
@@ -382,4 +394,8 @@ class DirEnv(OsEnv):
 
     def fsync_dir(self, path: str) -> None:
         self._is_directory(path)
-        os.fsync(self.dir_fd())
+        try:
+            os.fsync(self.dir_fd())
+        except OSError as exc:
+            exc.filename = self.directory  # say which directory failed
+            raise

@@ -21,7 +21,7 @@ from deferq._core.recovery import WalReplay
 from deferq._core.types import PendingTask
 from deferq._core.walcodec import WalAdd, decode_wal_line
 from deferq._engine.env import Env, OpenFlag
-from deferq._engine.io import join, lines_forward, records_end
+from deferq._engine.io import join, lines_forward, name_file, records_end
 
 log = logging.getLogger("deferq")
 
@@ -57,6 +57,9 @@ def scan_pending(env: Env, path: str, prefix: str) -> PendingScan:
                 if data is not None and data.startswith(b"add:", HEADER_BYTES):
                     start = HEADER_BYTES + 4  # the id of a valid add (F-5: it holds no ':')
                     origin[data[start:data.index(b":", start)].decode("utf-8")] = name
+        except OSError as exc:
+            name_file(exc, join(path, name))  # the operator's error names the file
+            raise
         finally:
             env.close(fd)
         out.files.append(name)

@@ -24,7 +24,7 @@ from deferq._core.limits import FILE_MODE
 from deferq._core.names import schedules_data_name, schedules_lock_name, schedules_tmp_name
 from deferq._core.schedcodec import decode_schedules, encode_schedules
 from deferq._engine.env import Env, OpenFlag
-from deferq._engine.io import chunks_forward, join, write_all
+from deferq._engine.io import chunks_forward, join, name_file, write_all
 
 log = logging.getLogger("deferq.schedules")
 
@@ -79,6 +79,9 @@ class ScheduleStore:
         try:
             write_all(env, fd, encode_schedules(fired))
             env.fsync(fd)
+        except OSError as exc:
+            name_file(exc, self._tmp)  # S-91: the leader's log line says which file failed
+            raise
         finally:
             env.close(fd)
         env.rename(self._tmp, self._data)

@@ -51,6 +51,7 @@ from deferq._core.types import PendingTask
 from deferq._core.walcodec import WalAdd, decode_wal_line, encode_add, encode_rem, encode_rems
 from deferq._engine.env import Env, MappedWindow
 from deferq._engine.ids import id_source
+from deferq._engine.io import join
 from deferq._engine.walbase import OPEN, WalState
 from deferq._engine.walsweep import WalSweep
 
@@ -87,6 +88,7 @@ class TasksWal(WalSweep):
         self._monotonic = env.monotonic
         self._pid = env.getpid()
         self._state = WalState.OPEN
+        self._broken_reason = ""
         # Group commit (W-20, W-21): records appended / covered by a completed fsync.
         self._written = 0
         self._durable = 0
@@ -154,8 +156,8 @@ class TasksWal(WalSweep):
                     window[start - self._base:end - self._base] = line
                 else:
                     self._write_line(line)
-            except OSError:
-                self._cut_back()
+            except OSError as exc:
+                self._cut_back(exc)
                 raise
             self._size = end
             self._written += 1
@@ -195,8 +197,8 @@ class TasksWal(WalSweep):
                     window[start - self._base:end - self._base] = line
                 else:
                     self._write_line(line)
-            except OSError:
-                self._cut_back()
+            except OSError as exc:
+                self._cut_back(exc)
                 raise
             self._size = end
             self._written += 1
@@ -301,6 +303,7 @@ class TasksWal(WalSweep):
                 return
             try:
                 if self._state is WalState.OPEN:
+                    self._replace_if_nameless()  # W-80: a queue's stop may come before a sweep
                     self._sync_locked()
             finally:
                 self._state = WalState.CLOSED
@@ -327,12 +330,15 @@ class TasksWal(WalSweep):
         """Implements W-9 and W-10: copy live tasks to a new file, then drop the old one."""
         try:
             name, fd = self._write_fresh_copy()
-        except StorageBrokenError:
-            self._state = WalState.BROKEN
+        except StorageBrokenError as exc:
+            self._break(exc)
             raise
-        except OSError:
-            log.warning("WAL rotation failed; keeping the old file, will retry later", exc_info=True)
+        except OSError as exc:
             self._limit = int(self._size * WAL_SIZE_INCREASE_RATIO)
+            # The error says what failed and where (``_write_fresh_copy`` names the file):
+            # no traceback, which an operator's command would print as if it had crashed.
+            log.warning("WAL rotation failed (%s); keeping %s, will retry once it holds %d bytes",
+                        exc, join(self._path, self._name), self._limit)
             return
         old_name, old_fd = self._name, self._fd
         self._unmap()

@@ -39,6 +39,7 @@ class WalBase:
     _prefix: str
     _pid: int
     _state: WalState
+    _broken_reason: str  # why the WAL broke, repeated by every call it refuses (W-12)
     # Group commit (W-20, W-21): the mutex, the condition fsync waiters sleep on, the
     # tickets written and covered by a completed fsync, and the fsync in flight.
     _mutex: Mutex
@@ -70,12 +71,20 @@ class WalBase:
     _getpid: Callable[[], int]
     _monotonic: Callable[[], float]
 
+    def _break(self, error: StorageBrokenError) -> StorageBrokenError:
+        """Implements W-12: the WAL is broken for good; ``error`` says why, and so will every
+        call it refuses from now on. Returns ``error`` for the caller to raise."""
+        self._state = WalState.BROKEN
+        self._broken_reason = str(error)
+        return error
+
     def _check_usable(self) -> None:
         if self._state is WalState.CLOSED:
             raise StorageClosedError("the Disk backend is closed")
         if self._state is WalState.BROKEN:
             raise StorageBrokenError(
-                "the tasks WAL failed to write or fsync earlier and refuses work; restart the worker")
+                f"the tasks WAL refuses work since an earlier failure ({self._broken_reason});"
+                " restart the worker")
         if self._env.getpid() != self._pid:
             raise RuntimeError(
                 f"this Disk was opened by process {self._pid}; a forked child must open its own")

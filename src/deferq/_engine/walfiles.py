@@ -21,8 +21,8 @@ from deferq._core.names import is_wal_file_name, wal_file_name
 from deferq._core.recovery import WalReplay
 from deferq._core.walcodec import encode_rem
 from deferq._engine.env import OpenFlag
-from deferq._engine.io import chunks_forward, join, records_end, write_all
-from deferq._engine.walbase import WalBase, WalState
+from deferq._engine.io import chunks_forward, join, name_file, records_end, write_all
+from deferq._engine.walbase import WalBase
 
 log = logging.getLogger("deferq")
 
@@ -77,9 +77,13 @@ class WalFiles(WalBase):
     def _replay(self, claimed: list[tuple[str, int]]) -> WalReplay:
         """Replay every claimed file in name order (W-3, W-15, R-@A..R-@L), on the fast path (W-16)."""
         replay = FastWalReplay()
-        for _, fd in claimed:
-            end = records_end(self._env, fd, self._env.fstat(fd).size)  # R-@L
-            replay.apply_file(chunks_forward(self._env, fd, end))
+        for name, fd in claimed:
+            try:
+                end = records_end(self._env, fd, self._env.fstat(fd).size)  # R-@L
+                replay.apply_file(chunks_forward(self._env, fd, end))
+            except OSError as exc:
+                name_file(exc, join(self._path, name))  # W-82: a read error names its file
+                raise
         return replay.result()
 
     def _adopt(self, claimed: list[tuple[str, int]]) -> tuple[str, int]:
@@ -164,7 +168,8 @@ class WalFiles(WalBase):
                     log.warning("could not unlink abandoned WAL file %s", name, exc_info=True)
                 if isinstance(exc, OSError):
                     # A failed fsync is never retried (W-12), not even by a later rotation.
-                    raise StorageBrokenError(f"could not make new WAL file {name} durable") from exc
+                    raise StorageBrokenError(f"could not make new WAL file {join(self._path, name)}"
+                                             f" durable ({exc})") from exc
                 raise
             if not taken:
                 # A booting worker listed and claimed the file between our create and our
@@ -201,7 +206,10 @@ class WalFiles(WalBase):
                 write_all(env, fd, b"".join(batch))
             env.fsync(fd)
         except OSError as exc:
-            log.warning("could not copy the pending tasks to a new WAL file", exc_info=True)
+            # The error names the file; no traceback: the caller raises it or logs it (W-10),
+            # and an operator's command (W-34) would print a traceback as if it had crashed.
+            log.warning("could not copy the pending tasks to a new WAL file: %s",
+                        name_file(exc, join(self._path, name)))
             self._discard_copy(name, fd, exc)
             raise
         return name, fd
@@ -218,9 +226,9 @@ class WalFiles(WalBase):
                 self._unlink_quietly(name)
             self._env.fsync_dir(self._path)
         except OSError as exc:
-            self._state = WalState.BROKEN
-            names = ", ".join(name for name, _ in files)
-            raise StorageBrokenError(f"could not durably unlink retired WAL file(s) {names}") from exc
+            names = ", ".join(join(self._path, name) for name, _ in files)
+            raise self._break(StorageBrokenError(
+                f"could not durably unlink retired WAL file(s) {names} ({exc})")) from exc
         finally:
             self._close_fds([fd for _, fd in files])
 
@@ -252,9 +260,7 @@ class WalFiles(WalBase):
             self._env.fsync_dir(self._path)
         except OSError as exc:
             self._held_fds.append(fd)
-            self._state = WalState.BROKEN
-            raise StorageBrokenError(
-                f"copying the pending tasks failed ({cause}) and the copy {name} could not be"
-                " durably removed"
-            ) from exc
+            raise self._break(StorageBrokenError(
+                f"copying the pending tasks failed ({cause}) and the copy "
+                f"{join(self._path, name)} could not be durably removed ({exc})")) from exc
         self._close_fds([fd])

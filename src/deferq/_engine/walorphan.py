@@ -42,6 +42,7 @@ class HandoffWal(WalFiles):
         self._prefix = prefix
         self._pid = env.getpid()
         self._state = WalState.OPEN
+        self._broken_reason = ""
         self._mutex = env.mutex()
         self._held_fds = []
         self._live = {}

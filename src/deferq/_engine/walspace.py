@@ -15,8 +15,8 @@ import logging
 from typing import Final
 
 from deferq._core.errors import StorageBrokenError
-from deferq._engine.io import write_all
-from deferq._engine.walbase import WalBase, WalState
+from deferq._engine.io import join, name_file, write_all
+from deferq._engine.walbase import WalBase
 
 log = logging.getLogger("deferq")
 
@@ -102,18 +102,19 @@ class WalSpace(WalBase):
                 window[start - self._base:end - self._base] = data
             else:
                 self._write_line(data)
-        except OSError:
-            self._cut_back()
+        except OSError as exc:
+            self._cut_back(exc)
             raise
         self._size = end
 
-    def _cut_back(self) -> None:
+    def _cut_back(self, failure: OSError) -> None:
         """Implements W-13: a write failed; cut its partial line back off, or fail-stop.
 
-        Called from the ``except OSError`` of an append, which re-raises the error.
-        The cut drops the reserved space too (W-25), and the descriptor's offset is
-        moved back to the end of the records, where the next write must go.
+        Called from the ``except OSError`` of an append, which re-raises ``failure``, now
+        naming the file. The cut drops the reserved space too (W-25), and the descriptor's
+        offset is moved back to the end of the records, where the next write must go.
         """
+        name_file(failure, join(self._path, self._name))
         try:
             self._unmap()  # a store past the cut would be past the file's end (SIGBUS)
             self._env.ftruncate(self._fd, self._size)
@@ -122,6 +123,6 @@ class WalSpace(WalBase):
             self._env.seek(self._fd, self._size)
             self._offset_stale = False
         except OSError as exc:
-            self._state = WalState.BROKEN
-            raise StorageBrokenError("a WAL write failed and its partial line could not be"
-                                     " cut off") from exc
+            raise self._break(StorageBrokenError(
+                f"a write to the tasks WAL failed ({failure}) and its partial line could not be"
+                f" cut off ({name_file(exc, join(self._path, self._name))})")) from exc

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import logging
 
+from deferq._core.errors import StorageBrokenError
 from deferq._core.recovery import WalReplay, live_fields
 from deferq._core.types import PendingTask
+from deferq._engine.env import OpenFlag
 from deferq._engine.io import join
+from deferq._engine.walbase import WalState
 from deferq._engine.walfiles import WalFiles
 from deferq._engine.walspace import WalSpace
 from deferq._engine.walsync import WalSync
@@ -47,6 +50,7 @@ class WalSweep(WalFiles, WalSpace, WalSync):
         """
         with self._mutex:
             self._check_usable()
+            self._replace_if_nameless()  # W-80, W-81
         claimed = self._claim_orphans(files_max=files_max)
         if not claimed:
             return []
@@ -90,3 +94,59 @@ class WalSweep(WalFiles, WalSpace, WalSync):
         self._written += len(lines)  # W-20: one ticket per record
         self._live.update(lines)
         return [(task_id, live_fields(line)) for task_id, line in lines.items()]
+
+    def _replace_if_nameless(self) -> None:
+        """Implements W-80 and W-81: a main file that lost its name is replaced by a fresh copy.
+
+        Someone deleted it (by hand, or with the whole storage directory): every record
+        written since, acknowledged or not, would be gone at the next start, since no
+        worker can adopt a file without a name. Every pending task is in memory (W-7),
+        so the rotation's copy (W-10) puts them all back under a new name; the old file
+        is only closed, never unlinked by name (that name may hold another file by now).
+        Where no file can be created (the directory itself was removed) the WAL breaks:
+        it must not acknowledge a record that no restart could find. One ``fstat`` per
+        call. The mutex is held; an fsync in flight is waited for (W-23).
+        """
+        while self._syncing:
+            self._synced.wait()
+        if self._state is not WalState.OPEN or not self._main_file_deleted():
+            return
+        lost = join(self._path, self._name)
+        try:
+            name, fd = self._write_fresh_copy()
+        except StorageBrokenError as exc:
+            self._break(exc)
+            raise
+        except OSError as exc:
+            raise self._break(StorageBrokenError(
+                f"the tasks WAL file {lost} was deleted while this worker ran, and no new file"
+                f" can be made in {self._path} ({exc}): its {len(self._live)} pending task(s)"
+                " exist only in this process")) from exc
+        log.warning("the tasks WAL file %s was deleted while this worker ran; its %d pending "
+                    "task(s) were copied to %s", lost, len(self._live), join(self._path, name))
+        self._unmap()
+        old_fd = self._fd
+        self._name, self._fd = name, fd
+        self._size = self._reserved = self._env.fstat(fd).size
+        self._offset_stale = False  # the copy was written with write: its offset is its end
+        # The rotation limit stays: the copy is no larger than the file it replaces (W-9).
+        self._durable = self._written  # W-77: the fsynced copy holds every pending task
+        self._close_fds([old_fd])
+
+    def _main_file_deleted(self) -> bool:
+        """W-80: the main file has no name: its link count is 0, and its name (if it still
+        opens) is another file. The name is asked too, only then, so that a filesystem whose
+        link count lied would not get a new copy at every sweep."""
+        env = self._env
+        mine = env.fstat(self._fd)
+        if mine.links > 0:
+            return False
+        try:
+            fd = env.open(join(self._path, self._name), OpenFlag.READ)
+        except OSError:  # gone (the name, or the directory), or not a regular file (F-16)
+            return True
+        try:
+            named = env.fstat(fd)
+        finally:
+            self._close_fds([fd])
+        return (named.device, named.inode) != (mine.device, mine.inode)

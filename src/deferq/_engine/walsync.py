@@ -12,6 +12,7 @@ broken and every ticket it did not cover fails (W-12, W-22). Part of ``TasksWal`
 from __future__ import annotations
 
 from deferq._core.errors import StorageBrokenError
+from deferq._engine.io import join, name_file
 from deferq._engine.walbase import WalBase, WalState
 
 
@@ -35,8 +36,8 @@ class WalSync(WalBase):
             if self._state is not WalState.OPEN:
                 if self._sync_failed:
                     raise StorageBrokenError(
-                        "fsync of the tasks WAL failed before this write was durable; the "
-                        "backend stops")
+                        "fsync of the tasks WAL failed before this write was durable "
+                        f"({self._broken_reason})")
                 self._check_usable()
             if self._syncing:
                 self._synced.wait()
@@ -65,9 +66,10 @@ class WalSync(WalBase):
             self._synced.notify_all()
         if failure is not None:
             # Implements W-12: never retry; the unsynced pages may already be gone.
-            self._state = WalState.BROKEN
             self._sync_failed = True
-            raise StorageBrokenError("fsync of the tasks WAL failed; the backend stops") from failure
+            name_file(failure, join(self._path, self._name))
+            raise self._break(StorageBrokenError(
+                f"fsync of the tasks WAL failed ({failure}); the backend stops")) from failure
         if target > self._durable:
             self._durable = target
         self._sync_due_s = self._env.monotonic() + self._fsync_frequency_s
