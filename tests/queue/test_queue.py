@@ -294,7 +294,7 @@ def test_retry_interval_none_gives_up_after_one_attempt() -> None:
     run(main())
 
 
-@pytest.mark.spec("Q-8", "D-13", "Q-142")
+@pytest.mark.spec("Q-8", "D-13", "Q-142", "Q-32")
 def test_failed_dead_write_keeps_the_task_in_the_wal(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
         backend, clock = RecordingBackend(), DrivenClock()
@@ -311,6 +311,9 @@ def test_failed_dead_write_keeps_the_task_in_the_wal(caplog: pytest.LogCaptureFi
 
     run(main())
     assert "could not be dead-lettered" in caplog.text and "stays in the WAL" in caplog.text
+    # the failure's own line never says a task still in the WAL was dead-lettered.
+    failed = [r.getMessage() for r in caplog.records if "attempt 1 of " in r.getMessage()]
+    assert len(failed) == 1 and failed[0].endswith("not dead-lettered: it stays in the WAL")
 
 
 @pytest.mark.spec("Q-8")

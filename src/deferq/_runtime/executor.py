@@ -45,6 +45,8 @@ from deferq._runtime.task import Task, TaskRegistry, default_backoff, next_retry
 from deferq.backends._deadtask import task_class_name
 
 log = logging.getLogger("deferq.queue")
+# The end of a give-up's log line when the dead-task write failed (the journal said why).
+_NOT_DEAD: Final = "not dead-lettered: it stays in the WAL"
 
 UNKNOWN_TASK_CLASS: Final = "<unknown>"
 _now: Final = time.perf_counter  # Q-170's hold, read before each plain execution
@@ -276,12 +278,14 @@ class Executor:
                           cls.task_name)
             retry_in = None if attempts > cls.max_retries else default_backoff(attempts, self._rng)
         if retry_in is None:
-            # Implements Q-32: one line an operator can grep, with the traceback.
-            log.error("deferred task %s (%s) attempt %d of %d failed: %s: %s; dead-lettered",
-                      task_id, cls.task_name, attempts, cls.max_retries + 1,
-                      type(exc).__name__, exc, exc_info=exc)
-            if await self._journal.give_up(task_id, data, exc, cls.task_name, attempts,
-                                           context.enqueued_at) and self._hooked:
+            dead = await self._journal.give_up(task_id, data, exc, cls.task_name, attempts,
+                                               context.enqueued_at)
+            # Implements Q-32: one line an operator can grep, with the traceback, written once
+            # the dead-task write returned, so that it never says so of a task still pending.
+            log.error("deferred task %s (%s) attempt %d of %d failed: %s: %s; %s", task_id,
+                      cls.task_name, attempts, cls.max_retries + 1, type(exc).__name__, exc,
+                      "dead-lettered" if dead else _NOT_DEAD, exc_info=exc)
+            if dead and self._hooked:
                 self._hooks.dead_lettered(task_id, exc)
             return False
         scheduler = self._scheduler
@@ -335,8 +339,6 @@ class Executor:
     async def dead_letter_unloadable(self, pending: PendingTask, reason: str) -> None:
         """Implements Q-9: a task that cannot be loaded is dead-lettered with the reason."""
         name = self._codec.peek_task_name(pending.context) or UNKNOWN_TASK_CLASS
-        log.error("deferred task %s (%s) cannot be loaded: %s; dead-lettered", pending.task_id,
-                  task_class_name(name), reason)
         try:
             loaded = self._codec.decode(pending.context)
             attempts, enqueued_at, meta = loaded.attempts, loaded.enqueued_at, loaded.meta
@@ -344,9 +346,11 @@ class Executor:
             attempts, enqueued_at, meta = 0, None, None
         error = UnloadableTaskError(f"cannot load the task: {reason}")
         # Implements Q-31: whatever the record holds, the name fits a dead-task record.
-        if await self._journal.give_up(pending.task_id, pending.context, error,
-                                       task_class_name(name), attempts, enqueued_at
-                                       ) and self._hooked:
+        dead = await self._journal.give_up(pending.task_id, pending.context, error,
+                                           task_class_name(name), attempts, enqueued_at)
+        log.error("deferred task %s (%s) cannot be loaded: %s; %s", pending.task_id,
+                  task_class_name(name), reason, "dead-lettered" if dead else _NOT_DEAD)
+        if dead and self._hooked:
             self._hooks.unloadable_dead_lettered(pending.task_id, task_class_name(name),
                                                  attempts, meta, error)
 
