@@ -1,5 +1,5 @@
 """Filesystem faults a running worker meets: its files deleted, a full disk, failed fsyncs
-(spec/wal.md W-80..W-82, spec/dead-tasks.md S-91, spec/queue.md Q-176, Q-177).
+(spec/wal.md W-80..W-82, spec/dead-tasks.md S-91, S-92, spec/queue.md Q-176, Q-177).
 
 Goal: under each fault the error names what failed (the file's path and the errno's meaning),
 a broken store keeps saying why, nothing acknowledged is lost, and an operator command prints
@@ -315,6 +315,51 @@ def test_the_held_directorys_errors_name_paths_not_bare_names(storage: Path) -> 
         assert (renamed.value.filename, renamed.value.filename2) == (other, missing)
     finally:
         env.close_directory()
+
+
+@pytest.mark.spec("W-82", "S-92")
+@pytest.mark.parametrize("held", [False, True])
+def test_a_real_read_error_names_the_file_read(storage: Path, held: bool) -> None:
+    """``pread`` takes a descriptor, so the kernel's error names no file; the env names the
+    path the descriptor was opened as (here a real EINVAL: a negative offset)."""
+    storage.mkdir(mode=0o700)
+    path = f"{storage}/{PREFIX}dead_tasks-0"
+    Path(path).write_bytes(b"x\n")
+    env = DirEnv(str(storage)) if held else OsEnv()
+    fd = env.open(path, OpenFlag.READ)
+    try:
+        with pytest.raises(OSError) as failed:
+            env.pread(fd, 10, -1)
+        assert failed.value.errno == errno.EINVAL and failed.value.filename == path
+    finally:
+        env.close(fd)
+        if isinstance(env, DirEnv):
+            env.close_directory()
+
+
+@pytest.mark.spec("S-92")
+def test_a_dead_task_read_that_fails_names_the_file_it_read(
+        storage: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Listing and finding dead tasks read through ``pread``: an I/O error there (injected
+    at the system call, as a failing disk gives it) names the store's file."""
+    with Disk(path=storage, prefix=PREFIX, fsync_frequency=0) as disk:
+        for n in range(3):
+            disk.add_dead_task(f"d{n}", b"c", ValueError("x"), task_class="T", attempts=1)
+        real_pread = os.pread
+
+        def failing(fd: int, size: int, offset: int) -> bytes:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        monkeypatch.setattr(os, "pread", failing)
+        for call in (disk.list_dead_tasks, lambda: disk.find_dead_task("d1")):
+            with pytest.raises(OSError) as failed:
+                call()
+            named = failed.value.filename
+            assert failed.value.errno == errno.EIO and isinstance(named, str)
+            assert Path(named).parent == storage and Path(named).name.startswith(PREFIX)
+            assert named in str(failed.value)
+        monkeypatch.setattr(os, "pread", real_pread)
+        assert [t.id for t in disk.list_dead_tasks()] == ["d2", "d1", "d0"]
 
 
 _REAL_FULL_DISK = """

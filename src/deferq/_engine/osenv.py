@@ -25,6 +25,9 @@ from deferq._engine.env import Cancel, Condition, FileStat, MappedWindow, Mutex,
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _OS_BITS: dict[int, int] = {}  # OpenFlag value -> os.O_* bits
+# The path each descriptor the engine opened was opened as (a descriptor is the process's,
+# so one map serves every env): a read error names its file (W-82, S-91).
+_PATHS: dict[int, str] = {}
 _monotonic: Callable[[], float] = time.monotonic
 _posix_fallocate: Callable[[int, int, int], None] | None = getattr(os, "posix_fallocate", None)
 # W-26 relies on fsync(2) writing back the pages a store into a MAP_SHARED mapping dirtied, as
@@ -146,6 +149,7 @@ class OsEnv:
                     "a FIFO" if stat.S_ISFIFO(mode_bits) else
                     "a socket" if stat.S_ISSOCK(mode_bits) else "a device or special file")
             raise UnsafeEntryError(errno.EINVAL, f"{path} is {kind}, not a regular file")
+        _PATHS[fd] = path
         return fd
 
     def makedirs(self, path: str, mode: int = 0o700) -> None:
@@ -168,7 +172,12 @@ class OsEnv:
                 raise
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
-        return os.pread(fd, size, offset)
+        try:
+            return os.pread(fd, size, offset)
+        except OSError as exc:
+            if exc.filename is None:  # pread takes a descriptor: say which file failed
+                exc.filename = _PATHS.get(fd)
+            raise
 
     # The two calls of the WAL's hot path are the builtins themselves (no Python frame).
     write: Callable[[int, bytes], int] = staticmethod(os.write)
@@ -205,6 +214,7 @@ class OsEnv:
         return FileStat(st.st_dev, st.st_ino, st.st_size, st.st_nlink, st.st_ctime_ns)
 
     def close(self, fd: int) -> None:
+        _PATHS.pop(fd, None)
         os.close(fd)
 
     def flock_exclusive_nb(self, fd: int) -> bool:
