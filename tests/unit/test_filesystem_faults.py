@@ -146,9 +146,39 @@ def test_the_operators_read_only_scans_name_a_file_they_cannot_read(storage: Pat
         scan_pending(env, str(storage), PREFIX)
     assert scanned.value.filename == str(wal)
     for name, kind in ((wal.name, "wal"), (f"{PREFIX}dead_tasks-0", "dead")):  # deferq verify
-        with pytest.raises(OSError) as verified:
-            verify_file(env, str(storage), name, kind)
-        assert verified.value.filename == f"{storage}/{name}"
+        report = verify_file(env, str(storage), name, kind)  # Q-178: reported, not raised
+        assert report is not None and report.faults == {"unreadable (Input/output error)": 1}
+
+
+@pytest.mark.spec("Q-178", "Q-17")
+def test_verify_reports_a_file_it_cannot_read_and_scans_the_others(
+        storage: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unreadable WAL file (EIO on its reads) is one damaged file in the report; the dead
+    data file after it is still scanned, and the exit status is 4."""
+    from deferq._cli import main
+    with Disk(path=storage, prefix=PREFIX, fsync_frequency=0) as disk:
+        disk.add_task(b"a", task_id="a")
+        disk.add_dead_task("d", b"c", ValueError("x"), task_class="T", attempts=1)
+        (wal,) = wal_files(storage)
+    real_pread = os.pread
+    bad = os.open(wal, os.O_RDONLY)  # to tell the WAL file's descriptors by their inode
+    inode = os.fstat(bad).st_ino
+    os.close(bad)
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        if os.fstat(fd).st_ino == inode:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_pread(fd, size, offset)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "pread", pread)
+        status = main(["verify", "--path", str(storage), "--prefix", PREFIX])
+    out = capsys.readouterr().out.splitlines()
+    assert status == 4, out
+    assert f"wal  {wal.name}: 0 bytes, 0 records, damage: unreadable (Input/output error) x1" in out
+    assert any(line.startswith(f"dead {PREFIX}dead_tasks-0:") and "1 records, damage: none"
+               in line for line in out), out
+    assert out[-1] == "verify: files=2 records=1 damaged_files=1"
 
 
 @pytest.mark.spec("W-81", "W-82")

@@ -26,6 +26,7 @@ from deferq._engine.env import Env, OpenFlag
 from deferq._engine.io import join, lines_forward, name_file, records_end
 
 NOT_A_REGULAR_FILE: Final = "not a regular file (F-16)"
+UNREADABLE: Final = "unreadable"  # the fault of a file that could not be opened or read (Q-178)
 
 
 @dataclass(slots=True)
@@ -50,16 +51,28 @@ def _fault(report: FileReport, fault: LineFault) -> None:
 
 
 def verify_file(env: Env, path: str, name: str, kind: str) -> FileReport | None:
-    """Scan one file; None when it disappeared before it could be opened."""
+    """Scan one file; None when it disappeared before it could be opened.
+
+    Implements Q-178: a file that cannot be opened or read is reported with the error, and
+    the scan goes on with the other files (the operator sees every file's state at once).
+    """
     try:
-        fd = env.open(join(path, name), OpenFlag.READ)
-    except FileNotFoundError:
-        return None
+        return _scan(env, path, name, kind)
     except UnsafeEntryError:
         # F-16: named like a store file but not a regular file: reported, never read.
         report = FileReport(name, kind)
         report.faults[NOT_A_REGULAR_FILE] = 1
         return report
+    except FileNotFoundError:
+        return None  # removed (compacted, retired) between the listing and the open
+    except OSError as exc:
+        report = FileReport(name, kind)
+        report.faults[f"{UNREADABLE} ({exc.strerror or exc})"] = 1
+        return report
+
+
+def _scan(env: Env, path: str, name: str, kind: str) -> FileReport | None:
+    fd = env.open(join(path, name), OpenFlag.READ)
     report = FileReport(name, kind)
     latest: dict[str, bool] = {}  # dead-task id -> its latest record does not decode (R-@G)
     try:
