@@ -290,3 +290,24 @@ def test_a_bad_sweep_interval_stops_uvicorn_naming_the_variable(tmp_path: Path) 
     assert done.stderr.strip().splitlines()[-1] == (
         "DEFERQ_SWEEP_INTERVAL must be a number of seconds, got 'soon'")
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.spec("Q-171")
+def test_the_example_acknowledges_an_order_only_once_it_survives_a_power_loss(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/asgi.md promises that adefer returned only after a group commit: that holds only on a
+    # power-safe Disk (fsync_frequency=0). Disk's own default (0.5 s) acknowledges a task a
+    # power loss can still take, which this test caught in the example.
+    import asyncio
+
+    from deferq._demos import asgi_app
+
+    monkeypatch.setattr(asgi_app, "STORAGE", str(tmp_path / "storage"))
+
+    async def main() -> None:
+        async with asgi_app.lifespan(asgi_app.app):
+            queue = asgi_app.app.state.queue
+            assert isinstance(queue.backend, Disk)
+            assert queue.backend.fsync_frequency == 0 and queue.backend.group_commit
+
+    asyncio.run(main())

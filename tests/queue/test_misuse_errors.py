@@ -1,14 +1,17 @@
 """Misuse of the queue raises deferq's own errors (spec/api.md C-22), and the base class is an
-ordinary exception. Method: misuse a real queue and check the class and its builtin base."""
+ordinary exception; a dead task names them as `deferq.<Name>` (Q-173). Method: misuse a real
+queue and check the class and its builtin base; dead-letter each on a real Disk."""
 
 from __future__ import annotations
 
 import asyncio
+import pickle
+from pathlib import Path
 
 import pytest
 
 import deferq
-from deferq.backends import Nil
+from deferq.backends import Disk, Nil
 
 REGISTRY = deferq.TaskRegistry()
 OTHER = deferq.TaskRegistry()
@@ -49,3 +52,23 @@ def test_misuse_raises_deferq_errors_that_keep_their_builtin_kind() -> None:
             assert isinstance(error, deferq.DeferqError)
 
     asyncio.run(main())
+
+
+@pytest.mark.spec("Q-173")
+def test_a_dead_task_names_deferqs_own_exceptions_by_their_public_name(tmp_path: Path) -> None:
+    # docs/queue.md says a timed-out task dies with TaskTimeoutError and an unloadable one with
+    # UnloadableTaskError, and `deferq dead list --exception-class` matches exactly: the record
+    # said deferq._runtime.errors.TaskTimeoutError, a private path no operator would type and
+    # that a refactoring would change under stored records.
+    public = {name: value for name in deferq.__all__
+              if isinstance(value := getattr(deferq, name), type)
+              and issubclass(value, BaseException)}
+    assert {"DeferqError", "TaskTimeoutError", "UnloadableTaskError", "DepsTypeError"} <= set(public)
+    with Disk(path=tmp_path) as disk:
+        for index, (name, cls) in enumerate(public.items(), 1):
+            error = cls("why")
+            assert pickle.loads(pickle.dumps(error)).args == ("why",), name
+            task_id = disk.add_dead_task(f"1-1-{index}", b"{}", error, task_class="app.T",
+                                         attempts=1)
+            dead = disk.find_dead_task(task_id)
+            assert dead is not None and dead.exception_class == f"deferq.{name}", dead

@@ -238,6 +238,20 @@ def test_a_crash_before_the_record_fires_again_and_the_key_absorbs_a_pending_rep
     assert records(tmp_path) == {"per.Hold": START + 60}
 
 
+@pytest.mark.spec("Q-172")
+def test_schedules_takes_any_iterable_of_schedules_as_docs_queue_md_writes_it() -> None:
+    # docs/queue.md: `deferq.Schedules([...], poll_s=0.2)`. A list was kept as the items of a
+    # frozen value (so it compared unequal to the same tuple) and mypy --strict refused it; a
+    # generator was used up by the name check and left no schedule.
+    one, two = deferq.Schedule(Tick, every=5), deferq.Schedule(Tick, every=7, name="b")
+    listed = deferq.Schedules([one, two], poll_s=0.2)
+    assert listed.items == (one, two) and listed.poll_s == 0.2
+    assert deferq.Schedules(s for s in (one, two)).items == (one, two)
+    assert listed == deferq.Schedules((one, two), poll_s=0.2)
+    with pytest.raises(TypeError, match="schedules must be an iterable of deferq.Schedule"):
+        deferq.Schedules(5)  # type: ignore[arg-type]
+
+
 @pytest.mark.spec("Q-127", "Q-129")
 def test_schedules_are_checked_and_a_shared_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="exactly one of cron= and every="):

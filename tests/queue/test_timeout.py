@@ -25,7 +25,7 @@ from tests.queue.helpers import run, settle
 REG = deferq.TaskRegistry()
 EVENTS: list[str] = []
 HUNG_S = 30.0
-TIMEOUT_CLASS = "deferq._runtime.errors.TaskTimeoutError"  # as a dead task records it
+TIMEOUT_CLASS = "deferq.TaskTimeoutError"  # as a dead task records it
 
 
 class Hangs(deferq.Task, name="timeout.Hangs", registry=REG, timeout=5):

@@ -47,7 +47,7 @@ def test_every_unloadable_task_is_dead_lettered_whatever_its_name(tmp_path: Path
     assert set(dead) == set(ids.values())
     for name, task_id in ids.items():
         task = dead[task_id]
-        assert task.exception_class == "deferq._runtime.errors.UnloadableTaskError", name
+        assert task.exception_class == "deferq.UnloadableTaskError", name
         assert len(task.task_class.encode("utf-8")) <= TASK_CLASS_BYTES_MAX
         assert task.context == CONTEXTS[name]  # stored as it was, for a retry
     assert dead[ids["long-name"]].task_class.endswith("...[truncated]")

@@ -75,3 +75,10 @@ class UnsafeEntryError(DeferqError, OSError):
     files (an orphan WAL, the operators' scans) and refuses to use it where it needs that
     file (the dead-task store's files). The ``errno`` is the one ``open`` would have met.
     """
+
+
+# Named as users import them, deferq.<Name>, where a dead task records an exception's class
+# (F-17, Q-173); UnsafeEntryError is not exported, and keeps this module's name.
+for _error in (DeferqError, TaskNotRegisteredError, NotATaskError, QueueStateError, DepsTypeError,
+               DeadTasksLockTimeout, StorageBrokenError, StorageClosedError, LimitExceededError):
+    _error.__module__ = "deferq"

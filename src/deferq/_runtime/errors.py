@@ -27,3 +27,10 @@ class TaskTimeoutError(DeferqError, TimeoutError):
     A failed execution like any other: it goes through the retry policy, and a dead task
     records it as its exception (Q-39).
     """
+
+
+# A dead task records its exception's class as module.QualName (F-17): these are raised into
+# tasks (a timeout, an unloadable record, a nested enqueue), so they carry the name users
+# import them by, deferq.TaskTimeoutError, not this private module's (Q-173).
+for _error in (PushTimeout, UnloadableTaskError, SerializationError, ContextError, TaskTimeoutError):
+    _error.__module__ = "deferq"

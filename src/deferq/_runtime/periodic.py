@@ -114,20 +114,33 @@ def every_s(every: object) -> int:
     return int(seconds)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Schedules:
-    """A queue's schedules and how often a follower tries to lead (Q-129)."""
+    """A queue's schedules and how often a follower tries to lead (Q-129).
+
+    ``items`` is any iterable of ``Schedule``s (docs write a list), kept as a tuple (Q-172).
+    """
 
     items: tuple[Schedule, ...]
     poll_s: float = DEFAULT_SCHEDULE_POLL_S
 
+    def __init__(self, items: Iterable[Schedule], poll_s: float = DEFAULT_SCHEDULE_POLL_S) -> None:
+        try:
+            kept = tuple(items)
+        except TypeError:
+            raise TypeError("schedules must be an iterable of deferq.Schedule objects, got "
+                            f"{type(items).__name__}") from None
+        object.__setattr__(self, "items", kept)
+        object.__setattr__(self, "poll_s", poll_s)
+        self._check()
+
     def __iter__(self) -> Iterator[Schedule]:
         return iter(self.items)
 
-    def __post_init__(self) -> None:
-        names = [s.key_name for s in self.items]
+    def _check(self) -> None:
         if not all(isinstance(s, Schedule) for s in self.items):
             raise TypeError("schedules must be deferq.Schedule objects")
+        names = [s.key_name for s in self.items]
         if len(set(names)) != len(names) or len(names) > SCHEDULES_MAX:
             raise ValueError(f"schedule names must be unique (at most {SCHEDULES_MAX}): {names}")
         poll = self.poll_s
@@ -138,7 +151,7 @@ class Schedules:
 
 def as_schedules(value: Iterable[Schedule]) -> Schedules | None:
     """The queue's ``schedules=`` argument, checked; None when there are none."""
-    checked = value if isinstance(value, Schedules) else Schedules(tuple(value))
+    checked = value if isinstance(value, Schedules) else Schedules(value)
     return checked if checked.items else None
 
 
