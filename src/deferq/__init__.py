@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from deferq._core.errors import StorageBrokenError
     from deferq._core.errors import StorageClosedError
     from deferq._core.errors import TaskNotRegisteredError
+    from deferq._core.errors import UnsafeEntryError
     from deferq._runtime.operator import Operator
     from deferq._runtime.operator import Retried
     from deferq._runtime.queue import Queue
@@ -108,6 +109,7 @@ _MODULE_OF: Final = {
     "TaskStatus": "deferq._runtime.book",
     "TaskSucceeded": "deferq._runtime.hooks",
     "TaskTimeoutError": "deferq._runtime.errors",
+    "UnsafeEntryError": "deferq._core.errors",
     "UnloadableTaskError": "deferq._runtime.errors",
     "task": "deferq._runtime.task",
     "task_deps": "deferq._runtime.task",
@@ -172,6 +174,7 @@ __all__ = [
     "TaskTimeoutError",
     "TaskStatus",
     "UnloadableTaskError",
+    "UnsafeEntryError",
     "__version__",
     "task",
     "task_deps",

@@ -280,6 +280,24 @@ def test_non_positive_retry_interval_retries_at_once(interval: object) -> None:
     run(main())
 
 
+@pytest.mark.spec("Q-174", "Q-135")
+@pytest.mark.parametrize("interval, delay", [(1.5, 1), (2.999, 2), (3, 3)])
+def test_a_fractional_retry_interval_is_truncated_to_whole_seconds(
+        interval: float, delay: int) -> None:
+    Immediate.interval = interval
+
+    async def main() -> None:
+        backend, clock = RecordingBackend(), DrivenClock()
+        queue = await started(backend, clock, registry=REG)
+        task_id = queue.enqueue(Immediate)
+        await queue.wait_idle()
+        assert [n for _, n in LOG] == [1]
+        assert backend.wal[task_id].publish_at == int(START) + delay
+        await queue.stop()
+
+    run(main())
+
+
 @pytest.mark.spec("Q-3", "Q-8", "D-13", "Q-135")
 def test_retry_interval_none_gives_up_after_one_attempt() -> None:
     async def main() -> None:

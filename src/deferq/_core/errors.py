@@ -78,7 +78,8 @@ class UnsafeEntryError(DeferqError, OSError):
 
 
 # Named as users import them, deferq.<Name>, where a dead task records an exception's class
-# (F-17, Q-173); UnsafeEntryError is not exported, and keeps this module's name.
+# (F-17, Q-173).
 for _error in (DeferqError, TaskNotRegisteredError, NotATaskError, QueueStateError, DepsTypeError,
-               DeadTasksLockTimeout, StorageBrokenError, StorageClosedError, LimitExceededError):
+               DeadTasksLockTimeout, StorageBrokenError, StorageClosedError, LimitExceededError,
+               UnsafeEntryError):
     _error.__module__ = "deferq"
