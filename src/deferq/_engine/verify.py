@@ -23,7 +23,7 @@ from deferq._core.names import dead_data_name, is_wal_file_name
 from deferq._core.recovery import line_body
 from deferq._core.walcodec import decode_wal_line
 from deferq._engine.env import Env, OpenFlag
-from deferq._engine.io import join, lines_forward, name_file, records_end
+from deferq._engine.io import join, lines_forward, records_end
 
 NOT_A_REGULAR_FILE: Final = "not a regular file (F-16)"
 UNREADABLE: Final = "unreadable"  # the fault of a file that could not be opened or read
@@ -71,7 +71,7 @@ def verify_file(env: Env, path: str, name: str, kind: str) -> FileReport | None:
         return report
 
 
-def _scan(env: Env, path: str, name: str, kind: str) -> FileReport | None:
+def _scan(env: Env, path: str, name: str, kind: str) -> FileReport:
     fd = env.open(join(path, name), OpenFlag.READ)
     report = FileReport(name, kind)
     latest: dict[str, bool] = {}  # dead-task id -> its latest record does not decode (R-@G)
@@ -103,9 +103,6 @@ def _scan(env: Env, path: str, name: str, kind: str) -> FileReport | None:
                 latest.pop(framed.task_id, None)
                 latest[framed.task_id] = isinstance(decode_dead_payload(framed), BadLine)
             report.records += 1
-    except OSError as exc:
-        name_file(exc, join(path, name))  # the operator's error names the file
-        raise
     finally:
         env.close(fd)
     undecodable = sum(latest.values())
