@@ -12,15 +12,30 @@ Rules:
 - ``Listener`` is a second connection that LISTENs on the schema's channel, and a socket
   pair whose write end ``wake`` writes, so that a wait in another thread returns at once
   (P-27).
+- Every statement either connection sends is watched (``Watchdog``, P-47): one the server
+  has not answered within the backend's ``timeout_seconds`` has its socket shut down, so the
+  call fails as a lost connection instead of waiting forever on a server that stopped
+  answering (a frozen host, a network partition, a SIGSTOPped backend). A connect is bounded
+  by the DSN's ``connect_timeout``, else ``CONNECT_TIMEOUT_S`` (P-49).
+- No error shows any part of a DSN that does not parse (P-46): libpq's parse errors quote
+  fragments of it, which may be pieces of the password.
+
+Why a socket shutdown: psycopg's blocking calls have no client-side deadline, a cancel
+request goes to the server that is not answering, and ``statement_timeout`` is enforced by
+that same server. Shutting the socket down makes libpq's wait return at once with "server
+closed the connection", the path P-50 already handles. Arming costs a tuple and a lock per
+statement; one thread per backend checks the deadlines a few times per timeout.
 """
 
 from __future__ import annotations
 
+import re
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from deferq._core.errors import StorageClosedError
 from deferq.backends._pgschema import PostgresError
@@ -29,6 +44,11 @@ if TYPE_CHECKING:
     import psycopg
 
 T = TypeVar("T")
+
+CONNECT_TIMEOUT_S: Final = 10  # P-49: a connect's bound when the DSN gives no connect_timeout
+DEFAULT_TIMEOUT_S: Final = 30.0  # P-47: how long a statement may go unanswered
+_TICKS_PER_TIMEOUT: Final = 4  # the watchdog looks this often per timeout (at most 1 s apart)
+_QUOTED: Final = re.compile(r'"[^"]*"|\'[^\']*\'')
 
 
 def first_line(exc: BaseException) -> str:
@@ -55,15 +75,108 @@ def where(dsn: str) -> str:
     return ", ".join(f"{k}={parts[k]}" for k in ("host", "port", "dbname", "user") if k in parts)
 
 
-def connect(dsn: str, timeout_s: float = 10.0) -> psycopg.Connection[tuple[object, ...]]:
-    """An autocommit connection to ``dsn``, or ``PostgresError`` naming what failed (P-6)."""
+def dsn_parts(dsn: str) -> dict[str, object]:
+    """The DSN's parameters, or ``PostgresError`` that quotes none of it (P-46)."""
     require_psycopg()
     import psycopg
+    from psycopg.conninfo import conninfo_to_dict
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, int(timeout_s)))
+        return dict(conninfo_to_dict(dsn))
+    except psycopg.Error as exc:
+        # Implements P-46: libpq quotes the fragment it choked on, which may be a piece of
+        # the password; every quoted fragment is hidden.
+        reason = _QUOTED.sub('"..."', first_line(exc))
+        raise PostgresError(f"the PostgreSQL DSN cannot be parsed ({reason}; quoted "
+                            f"fragments hidden)") from None
+
+
+def connect_timeout_of(dsn: str) -> int | None:
+    """Implements P-49: None when the DSN sets ``connect_timeout`` (libpq honours it), else
+    the timeout to give libpq, ``CONNECT_TIMEOUT_S``."""
+    return None if "connect_timeout" in dsn_parts(dsn) else CONNECT_TIMEOUT_S
+
+
+def connect(dsn: str) -> psycopg.Connection[tuple[object, ...]]:
+    """An autocommit connection to ``dsn``, or ``PostgresError`` naming what failed (P-6)."""
+    timeout = connect_timeout_of(dsn)
+    import psycopg
+    try:
+        if timeout is None:
+            return psycopg.connect(dsn, autocommit=True)
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=timeout)
     except psycopg.Error as exc:
         raise PostgresError(f"cannot connect to PostgreSQL ({where(dsn)}): "
                             f"{first_line(exc)}") from exc
+
+
+class Watchdog:
+    """Shuts down the socket of a statement not answered within ``timeout_s`` (P-47).
+
+    ``arm(slot, fd)`` before a statement, ``disarm(slot)`` after it (in a ``finally``): a
+    slot is one connection's statement in flight. One daemon thread, started at the first
+    ``arm`` and ended by ``close``, looks at the deadlines every quarter of the timeout (at
+    most every second), so an unanswered statement fails within that much after its deadline.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._armed: dict[str, tuple[float, int]] = {}  # slot: (deadline, socket fd)
+        self._cut: set[str] = set()  # slots whose statement's socket was shut down
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.fired = 0  # sockets shut down (tests count them)
+
+    def arm(self, slot: str, fd: int) -> None:
+        with self._lock:
+            self._armed[slot] = (time.monotonic() + self.timeout_s, fd)
+            self._cut.discard(slot)
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="deferq-pg-watchdog")
+                self._thread.start()
+
+    def disarm(self, slot: str) -> None:
+        """After this returns the watchdog never touches that statement's socket."""
+        with self._lock:
+            self._armed.pop(slot, None)
+
+    def was_cut(self, slot: str) -> bool:
+        """Whether the statement last armed in ``slot`` had its socket shut down."""
+        with self._lock:
+            return slot in self._cut
+
+    def _run(self) -> None:
+        tick = min(1.0, self.timeout_s / _TICKS_PER_TIMEOUT)
+        while not self._stop.wait(tick):
+            now = time.monotonic()
+            with self._lock:
+                late = [slot for slot, (deadline, _) in self._armed.items() if now >= deadline]
+                for slot in late:
+                    _, fd = self._armed.pop(slot)
+                    self.fired += 1
+                    self._cut.add(slot)
+                    _shut_down(fd)  # under the lock: disarm, then close, cannot race it
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self._armed.clear()
+
+
+def _shut_down(fd: int) -> None:
+    """Shut down the socket ``fd`` (a duplicate of it is closed; the connection's is not),
+    so that libpq's wait on it returns: the statement fails as a lost connection."""
+    try:
+        sock = socket.fromfd(fd, socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError:
+        return  # already closed
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # not connected any more
+    finally:
+        sock.close()
 
 
 def _said_something(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
@@ -78,9 +191,10 @@ def _said_something(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
 class Session:
     """One autocommit connection, used under a lock, connected again after it was lost."""
 
-    def __init__(self, dsn: str, schema: str) -> None:
+    def __init__(self, dsn: str, schema: str, watchdog: Watchdog) -> None:
         self._dsn = dsn
         self._schema = schema
+        self._watchdog = watchdog
         self._lock = threading.Lock()
         self.conn: psycopg.Connection[tuple[object, ...]] | None = None
         self.closed = False
@@ -89,11 +203,13 @@ class Session:
             retry: bool = False) -> T:
         """Run ``work`` on the connection under the lock; psycopg errors become PostgresError."""
         import psycopg
+        watchdog = self._watchdog
         with self._lock:
             if self.closed:
                 raise StorageClosedError("the Postgres backend is closed")
             for attempt in (1, 2):
                 conn = self._usable()
+                watchdog.arm("session", conn.fileno())  # Implements P-47
                 try:
                     return work(conn)
                 except psycopg.Error as exc:
@@ -103,10 +219,12 @@ class Session:
                         conn.close()
                     if lost and retry and attempt == 1:
                         continue  # a read, on a connection that died: once more, afresh
-                    reason = "the connection to PostgreSQL was lost" if lost else "it failed"
                     raise PostgresError(f"PostgreSQL ({where(self._dsn)}, schema "
-                                        f"{self._schema!r}): {what}: {reason}: "
+                                        f"{self._schema!r}): {what}: "
+                                        f"{_reason(watchdog, 'session', lost)}: "
                                         f"{first_line(exc)}") from exc
+                finally:
+                    watchdog.disarm("session")
             raise AssertionError("unreachable")
 
     def _usable(self) -> psycopg.Connection[tuple[object, ...]]:
@@ -117,10 +235,13 @@ class Session:
         import psycopg
         conn = self.conn
         if conn is not None and not conn.closed and _said_something(conn):
+            self._watchdog.arm("session", conn.fileno())
             try:
                 conn.execute("SELECT 1")
             except psycopg.Error:
                 conn.close()
+            finally:
+                self._watchdog.disarm("session")
         if conn is None or conn.closed:
             conn = self.conn = connect(self._dsn)
         return conn
@@ -133,12 +254,21 @@ class Session:
                 self.conn = None
 
 
+def _reason(watchdog: Watchdog, slot: str, lost: bool) -> str:
+    """Why a statement failed: the server's error, a lost connection, or no answer (P-47)."""
+    if watchdog.was_cut(slot):
+        return (f"the server did not answer within {watchdog.timeout_s:g} s "
+                f"(timeout_seconds), so the connection was cut")
+    return "the connection to PostgreSQL was lost" if lost else "it failed"
+
+
 class Listener:
     """A connection that LISTENs on one channel, and a way to wake its waiter (P-27)."""
 
-    def __init__(self, dsn: str, channel: str) -> None:
+    def __init__(self, dsn: str, channel: str, watchdog: Watchdog) -> None:
         self._dsn = dsn
         self._channel = channel
+        self._watchdog = watchdog
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         self._wake_r, self._wake_w = socket.socketpair()
@@ -155,7 +285,11 @@ class Listener:
             try:
                 if self._conn is None or self._conn.closed:
                     self._conn = connect(self._dsn)
-                    self._conn.execute(f'LISTEN "{self._channel}"')
+                    self._watchdog.arm("listener", self._conn.fileno())  # Implements P-47
+                    try:
+                        self._conn.execute(f'LISTEN "{self._channel}"')
+                    finally:
+                        self._watchdog.disarm("listener")
                 conn = self._conn
                 if any(True for _ in conn.notifies(timeout=0)):
                     return True
@@ -172,7 +306,8 @@ class Listener:
                     self._conn.close()
                     self._conn = None
                 raise PostgresError(f"PostgreSQL ({where(self._dsn)}): waiting for new "
-                                    f"tasks: {first_line(exc)}") from exc
+                                    f"tasks: {_reason(self._watchdog, 'listener', True)}: "
+                                    f"{first_line(exc)}") from exc
 
     def wake(self) -> None:
         try:

@@ -44,7 +44,14 @@ from deferq.backends._arguments import (
     check_publish_at,
 )
 from deferq.backends._deadtask import dead_task_for
-from deferq.backends._pgconn import Listener, Session, connect, first_line, require_psycopg, where
+from deferq.backends._pgconn import (
+    DEFAULT_TIMEOUT_S,
+    Listener,
+    Session,
+    Watchdog,
+    dsn_parts,
+    require_psycopg,
+)
 from deferq.backends._pgnotify import Notifier
 from deferq.backends._pgschema import (
     DEFAULT_SCHEMA,
@@ -71,17 +78,21 @@ def _seconds(name: str, value: object, low: float) -> float:
     return float(value)
 
 
-def migrate_schema(dsn: str, schema: str, *, create: bool) -> tuple[int, int]:
-    """Implements P-3 for ``deferq db init`` (``create``) and ``db upgrade``: (before, after)."""
+def migrate_schema(dsn: str, schema: str, *, create: bool,
+                   timeout_seconds: float = DEFAULT_TIMEOUT_S) -> tuple[int, int]:
+    """Implements P-3 for ``deferq db init`` (``create``) and ``db upgrade``: (before, after).
+
+    Its statements are watched like a backend's (P-47).
+    """
     check_schema_name(schema)
-    require_psycopg()
-    import psycopg
-    with connect(dsn) as conn:
-        try:
-            return migrate(conn, schema, create=create)
-        except psycopg.Error as exc:
-            raise PostgresError(f"PostgreSQL ({where(dsn)}, schema {schema!r}): creating or "
-                                f"upgrading the tables failed: {first_line(exc)}") from exc
+    watchdog = Watchdog(_seconds("timeout_seconds", timeout_seconds, 1.0))
+    session = Session(dsn, schema, watchdog)
+    try:
+        return session.run("create or upgrade the tables",
+                           lambda conn: migrate(conn, schema, create=create))
+    finally:
+        session.close()
+        watchdog.close()
 
 
 class Postgres:
@@ -94,26 +105,34 @@ class Postgres:
             it every third of that.
         poll_seconds: the longest an idle queue waits for a NOTIFY before it looks (P-27).
         create_schema: create or upgrade the tables if needed (what ``deferq db init`` does).
+        timeout_seconds: how long a statement may go unanswered before its connection is
+            cut and the call fails (P-47); connecting is bounded by the DSN's
+            ``connect_timeout``, else 10 s (P-49).
     """
 
     def __init__(self, *, dsn: str, schema: str = DEFAULT_SCHEMA, lease_seconds: float = 30.0,
-                 poll_seconds: float = 2.0, create_schema: bool = False) -> None:
+                 poll_seconds: float = 2.0, create_schema: bool = False,
+                 timeout_seconds: float = DEFAULT_TIMEOUT_S) -> None:
         require_psycopg()
         if not isinstance(dsn, str) or not dsn.strip():
-            raise ValueError(f"dsn must be a non-empty libpq connection string, got {dsn!r}")
+            raise ValueError("dsn must be a non-empty libpq connection string, got "
+                             f"{repr(dsn) if isinstance(dsn, str) else 'a ' + type(dsn).__name__}")
         self.schema = check_schema_name(schema)
         self.lease_seconds = _seconds("lease_seconds", lease_seconds, 1.0)
         self.poll_seconds = _seconds("poll_seconds", poll_seconds, 0.01)
+        self.timeout_seconds = _seconds("timeout_seconds", timeout_seconds, 1.0)  # P-48
         if create_schema is not True and create_schema is not False:
             raise ValueError(f"create_schema must be a bool, got {create_schema!r}")
+        dsn_parts(dsn)  # Implements P-46: an unparsable DSN is refused, quoting none of it
         self._dsn = dsn
         self._s = quoted(schema)
         self._channel = NOTIFY_PREFIX + schema
         self.owner = f"{socket.gethostname()[:40]}/{uuid.uuid4().hex[:16]}"
         self._lock = threading.Lock()  # of the state below; the connections have their own
-        self._session = Session(dsn, schema)
+        self._watchdog = Watchdog(self.timeout_seconds)  # Implements P-47, for both
+        self._session = Session(dsn, schema, self._watchdog)
         self._do = self._session.run
-        self._listener = Listener(dsn, self._channel)
+        self._listener = Listener(dsn, self._channel, self._watchdog)
         self._held: set[str] = set()
         self._claiming = False
         self._closed = False
@@ -357,6 +376,7 @@ class Postgres:
         self._closed = True
         self._listener.close()
         self._session.close()
+        self._watchdog.close()
 
     def _check_open(self) -> None:
         if self._closed:
