@@ -127,7 +127,12 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    """The public names, the subpackages loaded so far (``backends``, ``testing``...) and
+    the dunders; not the helpers this file imports (``importlib``, ``Final``...)."""
+    here = globals()
+    shown = {name for name in here if name.startswith("__") or (
+        not name.startswith("_") and getattr(here[name], "__name__", "") == f"deferq.{name}")}
+    return sorted(shown | set(__all__))
 
 
 __all__ = [

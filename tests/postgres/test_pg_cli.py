@@ -186,3 +186,4 @@ def test_a_wrong_dsn_or_schema_is_one_line_and_never_a_traceback(pg: PgSchema) -
         [line] = result.stderr.splitlines()
         assert line.startswith("deferq: error: ") and expected in line
         assert "Traceback" not in result.stderr and "password=pw" not in line
+        assert "PostgreSQL (" in line and "host=" in line, line  # P-6: it names the server

@@ -285,6 +285,10 @@ def test_the_package_and_the_reading_commands_load_only_what_they_use(
     import deferq
     assert deferq.Queue.__module__ == "deferq._runtime.queue"
     assert set(dir(deferq)) >= set(deferq.__all__)
+    # What this file imports for itself is not shown as the package's (dir, tab completion).
+    assert not {"Final", "TYPE_CHECKING", "annotations", "importlib"} & set(dir(deferq))
+    import deferq.backends
+    assert "backends" in dir(deferq)
 
 
 @pytest.mark.slow

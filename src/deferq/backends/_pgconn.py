@@ -212,6 +212,8 @@ class Session:
                 watchdog.arm("session", conn.fileno())  # Implements P-47
                 try:
                     return work(conn)
+                except PostgresError as exc:  # the schema refused (P-4, P-5): say where
+                    raise PostgresError(f"PostgreSQL ({where(self._dsn)}): {exc}") from None
                 except psycopg.Error as exc:
                     lost = conn.closed or conn.broken
                     if lost:
