@@ -107,6 +107,73 @@ def test_a_kit_queue_takes_hooks_and_drain_delivers_their_events() -> None:
     assert sorted(outcomes.seen) == ["dead kit.Flaky after 4", "ok kit.Remind"]
 
 
+class Slow(deferq.Task, name="kit.Slow", registry=REGISTRY):
+    async def perform(self, who: str) -> None:
+        await asyncio.sleep(0.001)  # real time: the manual clock never moves in this test
+        RAN.append((who, 0.0))
+
+
+@pytest.mark.spec("Q-185", "Q-11")
+@pytest.mark.parametrize("task", [Remind, Slow])
+def test_a_wait_for_room_ends_when_executions_make_room_though_the_clock_stands_still(
+        task: type[deferq.Task]) -> None:
+    kit = _kit()
+
+    async def main() -> None:
+        queue = kit.queue(backpressure=deferq.Backpressure(high_water_mark=2, timeout=2))
+        await queue.start()
+
+        async def enqueue_all() -> int:
+            waited = 0
+            for n in range(40):  # no yield between them unless one waits for room
+                waited += queue.backlog_size > 2
+                await queue.aenqueue(task, f"w{n}")
+            return waited
+
+        assert await asyncio.wait_for(enqueue_all(), timeout=10) > 0
+        await queue.wait_idle()
+        assert kit.clock.time() == KIT_CLOCK[0].time()  # nothing advanced it
+        await queue.stop(timeout=1)
+
+    asyncio.run(main())
+    assert sorted(who for who, _ in RAN) == sorted(f"w{n}" for n in range(40))
+
+
+class Blocked(deferq.Task, name="kit.Blocked", registry=REGISTRY):
+    async def perform(self) -> None:
+        await GATE[0].wait()
+
+
+GATE: list[asyncio.Event] = []
+
+
+@pytest.mark.spec("Q-185", "Q-11")
+def test_a_wait_for_room_still_times_out_on_the_clock_when_nothing_makes_room() -> None:
+    kit = _kit()
+
+    async def main() -> None:
+        GATE[:] = [asyncio.Event()]
+        queue = deferq.Queue(kit.backend, registry=REGISTRY, clock=kit.clock,
+                             max_concurrency=1,
+                             backpressure=deferq.Backpressure(high_water_mark=1, timeout=1))
+        await queue.start()
+        for _ in range(3):  # one runs and holds the only slot; two wait: a backlog of 2
+            await asyncio.wait_for(queue.aenqueue(Blocked), timeout=5)
+            await asyncio.sleep(0.01)
+        assert queue.backlog_size == 2
+        waiting = asyncio.ensure_future(queue.aenqueue(Remind, "c"))
+        await kit.clock.advance(0.5)
+        assert not waiting.done()
+        await kit.clock.advance(0.6)  # 20 sleeps of 0.05 s: PushTimeout
+        with pytest.raises(deferq.PushTimeout):
+            await asyncio.wait_for(waiting, timeout=5)
+        assert len(kit.backend.pending_tasks()) == 3  # the one refused stored nothing
+        GATE[0].set()
+        await queue.stop(timeout=1)
+
+    asyncio.run(main())
+
+
 @pytest.mark.spec("C-21")
 def test_a_second_queue_on_the_kit_replays_what_the_first_left_pending() -> None:
     kit = _kit()

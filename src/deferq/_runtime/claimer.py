@@ -59,7 +59,9 @@ class Claimer:
     async def _claim_loop(self) -> None:
         backend, scheduler = self._backend, self._scheduler
         limit = min(CLAIM_BATCH, scheduler.max_concurrency)
-        freed = scheduler.slot_freed = asyncio.Event()
+        if scheduler.slot_freed is None:  # (a wait for room, Q-185, may have made it)
+            scheduler.slot_freed = asyncio.Event()
+        freed = scheduler.slot_freed
         while not self._stopping:
             # Implements Q-227: only what can begin now (a claimed task that waited for a slot
             # would be held, its lease renewed, while another worker sat idle).

@@ -37,7 +37,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Final
 
-from deferq._runtime.backpressure import BACKPRESSURE_SLEEP_S, Backpressure
+from deferq._runtime.backpressure import Backpressure, wait_for_room
 from deferq._runtime.clock import Clock
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.serialize import Context
@@ -100,6 +100,7 @@ class Scheduler:
         """The queue started on ``loop``: executions are scheduled on it from now on."""
         self.loop = loop
         self.running = True
+        self.slot_freed = None  # made on this loop by the first to wait on it
 
     @property
     def waiting(self) -> int:
@@ -229,16 +230,13 @@ class Scheduler:
 
     # ------------------------------------------------------------------ backpressure
     async def make_room(self) -> None:
-        """Implements Q-11: wait until the backlog is at the low water mark, or PushTimeout."""
+        """Implements Q-11, Q-185: wait until the backlog is at the low water mark, or
+        PushTimeout (``backpressure.wait_for_room``)."""
         bp = self.backpressure
         if bp is None or self.backlog <= bp.high_water_mark:
             return
-        for _ in range(bp.iterations):
-            if self.backlog <= bp.low:
-                return
-            await self.clock.sleep(BACKPRESSURE_SLEEP_S)
-        if self.backlog > bp.low:
-            raise PushTimeout(f"could not enqueue deferred task within {bp.timeout} seconds")
+        freed = self.slot_freed = self.slot_freed or asyncio.Event()
+        await wait_for_room(bp, self.clock, freed, lambda: self.backlog)
 
     # ------------------------------------------------------------------ pending work
     async def wait_idle(self) -> None:
@@ -303,6 +301,8 @@ class Scheduler:
         # Executions waiting for a slot never begin (Q-37): they stay in the WAL.
         self.backlog -= sum(1 for *_, counted in self._waiting if counted)
         self._waiting.clear()
+        if self.slot_freed is not None:
+            self.slot_freed.set()  # a wait for room (Q-185) sees the smaller backlog
         finished = await self._wait_work(timeout_s)
         self._soon.clear()  # plain executions that never began: they stay in the WAL
         leftovers = set(self.work)
