@@ -6,6 +6,8 @@ Rules:
 - A running execution's asyncio task is cancelled: an async perform is interrupted; a
   plain perform in the pool cannot be (its thread runs on). ``cancel`` waits at most
   ``STOP_GRACE_S`` on the clock for it to end, as ``stop`` does (Q-35).
+- A task whose outcome is being written off the loop (a shared database, Q-183) is left
+  alone: ``cancel`` returns False.
 - Either way no outcome of the execution is ever written (no retry, no give-up, no
   removal: the ``cancelled`` mark the executor checks), and ``cancel`` itself removes the
   task from the WAL and logs it. Anything else (an unknown id, a task already finished, a
@@ -47,6 +49,12 @@ class Canceller:
             raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
         scheduler = self._scheduler
         if not scheduler.running:
+            return False
+        shared = self._journal.shared
+        if shared is not None and task_id in shared.writing:
+            # Implements Q-183: its outcome is being written (off the loop): too late.
+            log.info("deferred task %s was not cancelled: its outcome is being written",
+                     task_id)
             return False
         withdrawn = scheduler.withdraw(task_id)
         where, context = (None, None) if withdrawn is None else withdrawn

@@ -39,7 +39,7 @@ from deferq._runtime.hooks import HookSet, ReplaySource
 from deferq._runtime.journal import Journal
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import Context, ContextCodec, ContextError
-from deferq._runtime.successes import SUCCESS_HOLD_S, Successes
+from deferq._runtime.successes import SUCCESS_HOLD_S, successes_for
 from deferq._runtime.syncpool import SyncPool
 from deferq._runtime.task import Task, TaskRegistry, default_backoff, next_retry_in
 from deferq.backends._deadtask import task_class_name
@@ -82,8 +82,9 @@ class Executor:
         self._maybe_idle = scheduler.maybe_idle
         self._job_done = scheduler.job_done
         self._remove = journal.remove
+        self._shared = journal.shared  # a shared database's writes, off the loop
         self._book_tasks = journal.book.tasks  # RUNNING until its outcome is written
-        self.successes = Successes(journal, self._hooks, self._plain_ended)
+        self.successes = successes_for(journal, self._hooks, self._plain_ended, scheduler)
         scheduler.attach(self.run_plain, self.run, self.successes.flush)
 
     # ------------------------------------------------------------------ one execution
@@ -193,11 +194,14 @@ class Executor:
                 elif error is not None:
                     released = await self._failed(task_id, context, cls, instance, error)
                 else:
-                    self._remove(task_id)
+                    if self._shared is None:
+                        self._remove(task_id)
+                    else:  # Implements Q-179: a shared database's removal, off the loop
+                        await self._shared.remove(task_id)
                     if self._hooked:
                         self._hooks.succeeded(task_id)
             except Exception:  # noqa: BLE001 - storage errors must not kill the loop's task
-                log.exception("deferred task %s: storage error; it stays in the WAL", task_id)
+                log.exception("deferred task %s: storage error; %s", task_id, self._journal.stays)
             finally:
                 self.inflight -= 1
         finally:
@@ -304,7 +308,8 @@ class Executor:
                     task_id, cls.task_name, attempts, cls.max_retries + 1, type(exc).__name__,
                     exc, max(seconds, 0))
         publish_at = int(self._clock.time()) + seconds if seconds > 0 else None
-        self._journal.readd(data, publish_at, task_id)  # same id, this WAL only (W-15)
+        # Same id, this WAL only (W-15); on a shared database off the loop.
+        await self._journal.readd_anywhere(data, publish_at, task_id)
         self._scheduler.schedule(task_id, retried, cls, seconds if seconds > 0 else None)
         if self._hooked:
             self._hooks.retry_scheduled(task_id, exc, max(seconds, 0))

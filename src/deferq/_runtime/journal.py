@@ -10,6 +10,9 @@ Rules (spec/queue.md):
   (``asyncio.to_thread``); the event loop never waits on a lock (Q-10).
 - Only a power-safe ``Disk`` (``group_commit`` true) is written unsynced; every other
   backend is called exactly as the Backend protocol describes, with its default ``sync``.
+- On a shared database (a ``ClaimingBackend``) the writes of an execution's outcome and of
+  ``aenqueue`` run in the queue's write thread (``shared``, sharedwrites.py, Q-179..Q-183);
+  the callers await them there instead of calling ``remove``, ``remove_many`` or ``readd``.
 
 Theory of operation (group commit, Q-20..Q-23): ``add_durable`` (``aenqueue``) writes its
 record unsynced and awaits ``_commit_through`` its ticket. At most one commit runs at a
@@ -28,6 +31,7 @@ import logging
 
 from deferq._runtime.book import TaskBook
 from deferq._runtime.committer import Committer
+from deferq._runtime.sharedwrites import SharedWrites
 from deferq.backends.protocol import Backend, BatchRemover, ClaimingBackend
 
 log = logging.getLogger("deferq.queue")
@@ -53,10 +57,18 @@ class Journal:
         self._flusher: asyncio.Task[None] | None = None
         # Removes a batch's successes in one call (C-37, Q-170); None: one call each.
         self._batch = backend if isinstance(backend, BatchRemover) else None
+        # Implements Q-179: a shared database's writes, off the loop; None: a local backend.
+        self.shared = (SharedWrites(backend, book, self.add)
+                       if isinstance(backend, ClaimingBackend) else None)
+        # Where a task whose write failed stays (Q-182), for the log lines.
+        self.stays = "it stays in the WAL" if self.shared is None else (
+            "it stays pending in the database")
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """The queue started on ``loop``: group commits and the flusher run on it."""
         self._loop = loop
+        if self.shared is not None:
+            self.shared.bind(loop)
 
     def commits_here(self) -> bool:
         """Whether ``add_durable`` may be awaited here: a power-safe Disk, bound to this loop."""
@@ -108,6 +120,13 @@ class Journal:
             disk.add_task(data, publish_at, task_id, sync=False)
             self._flush_later(disk)
         self.book.added(task_id, publish_at)
+
+    async def readd_anywhere(self, data: bytes, publish_at: int | None, task_id: str) -> None:
+        """``readd``: inline on a local backend, in the write thread on a shared one (Q-179)."""
+        if self.shared is None:
+            self.readd(data, publish_at, task_id)
+        else:
+            await self.shared.readd(data, publish_at, task_id)
 
     def remove(self, task_id: str) -> None:
         """Record a finished task; on a power-safe Disk, unsynced with a background commit (Q-22)."""
@@ -172,16 +191,24 @@ class Journal:
                                     task_class=task_class, attempts=attempts,
                                     enqueued_at=enqueued_at)
         except Exception as dead:  # noqa: BLE001 - the task must stay in the WAL
-            log.error("deferred task %s could not be dead-lettered (%s: %s); it stays in the WAL "
-                      "and is replayed at the next start", task_id, type(dead).__name__, dead)
+            log.error("deferred task %s could not be dead-lettered (%s: %s); %s", task_id,
+                      type(dead).__name__, dead, "it stays in the WAL and is replayed at the next "
+                      "start" if self.shared is None else f"{self.stays} and runs again once "
+                      "its lease runs out")
             return False
-        self.remove(task_id)
+        if self.shared is None:
+            self.remove(task_id)
+        else:
+            await self.shared.remove(task_id)  # Implements Q-179
         return True
 
     async def settle(self) -> None:
-        """Wait for the background group commit to finish (``stop``, before ``close``)."""
+        """Wait for the background group commit, and a shared database's writes, to finish
+        (``stop``, before ``close``)."""
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
+        if self.shared is not None:
+            await self.shared.drain()
 
     def close(self) -> None:
         """Implements Q-15 for the WAL: sync it, then end the commit thread."""
@@ -190,6 +217,8 @@ class Journal:
         finally:
             if self._committer is not None:
                 self._committer.close()
+            if self.shared is not None:
+                self.shared.close()
 
     # ------------------------------------------------------------------ group commit
     async def _commit_through(self, disk: Backend, ticket: int) -> None:

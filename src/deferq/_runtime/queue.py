@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import random
 from collections.abc import Iterable, Mapping
@@ -332,6 +333,9 @@ class Queue(DeadTaskApi):
         journal = self._journal
         publish_at, publish_in = timing
         if not journal.commits_here():
+            if journal.shared is not None:  # Implements Q-181: a shared database, off the loop
+                return await journal.shared.add(data, publish_at, context.key, functools.partial(
+                    _enqueued, self._hooks, self._scheduler, context, cls, publish_at, publish_in))
             # Not a power-safe Disk, not started, or on another loop: ``enqueue``'s write.
             return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
         key, book = context.key, self._book
@@ -432,3 +436,12 @@ def _schedule_once_committed(journal: Journal, scheduler: Scheduler,
     job = asyncio.ensure_future(once_committed())
     late.add(job)  # a strong reference until it is done
     job.add_done_callback(late.discard)
+
+
+def _enqueued(hooks: HookSet, scheduler: Scheduler, context: Context, cls: type[Task],
+              publish_at: int | None, publish_in: int | None, task_id: str) -> None:
+    """Implements Q-181: a task ``aenqueue`` wrote off the loop, on the loop once written: its
+    hooks told (Q-101: before it can start), then scheduled."""
+    if hooks.enqueues:
+        hooks.enqueued(task_id, context, publish_at)
+    scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
