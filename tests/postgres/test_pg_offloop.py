@@ -80,6 +80,17 @@ class FailsOnce(deferq.Task, name="off.FailsOnce", registry=REG):
         return 0
 
 
+class GivesUp(deferq.Task, name="off.GivesUp", registry=REG):
+    max_retries = 0
+
+    async def perform(self, key: str) -> None:
+        deps = _deps(self)
+        deps.started.add(key)
+        await deps.gate.wait()
+        RUNS[key] += 1
+        raise RuntimeError(f"{key} gives up")
+
+
 class Inline(deferq.Task, name="off.Inline", registry=REG, inline=True):
     def perform(self, key: str) -> None:
         RUNS[key] += 1
@@ -263,6 +274,45 @@ def test_a_retry_is_re_added_off_the_loop(pg: PgSchema) -> None:
             assert await queue.stop(5)
             assert db.list_dead_tasks() == []
         assert RUNS == {f"r{i}": 2 for i in range(TASKS)}
+    asyncio.run(scenario())
+
+
+@pytest.mark.spec("Q-179", "Q-141")
+def test_a_give_up_on_a_silent_server_keeps_the_loop_running(pg: PgSchema) -> None:
+    async def scenario() -> None:
+        deps, hooks = Deps(), Recorder()
+        with backend(pg) as db:
+            queue = deferq.Queue(db, registry=REG, deps=deps, hooks=[hooks])
+            await queue.start()
+            ids = [queue.enqueue(GivesUp, f"d{i}") for i in range(TASKS)]
+            await eventually("every task running", lambda: len(deps.started) == TASKS)
+            with Ticker() as ticker, stalled(db):
+                deps.gate.set()  # every task gives up: its dead-task write, then its removal
+                await watch_loop(ticker)
+                assert queue.running == TASKS and pending(pg) == TASKS
+            await eventually("every task dead-lettered", lambda: pending(pg) == 0)
+            await queue.wait_idle()
+            assert sorted(t.id for t in db.list_dead_tasks()) == sorted(ids)
+            assert [await queue.status(t) for t in ids] == [deferq.TaskStatus.DEAD] * TASKS
+            assert await queue.stop(5)
+    asyncio.run(scenario())
+
+
+@pytest.mark.spec("Q-181")
+def test_aenqueue_before_start_writes_off_the_loop_too(pg: PgSchema) -> None:
+    async def scenario() -> None:
+        with backend(pg) as db:
+            queue = deferq.Queue(db, registry=REG)
+            with Ticker() as ticker, stalled(db):
+                job = asyncio.ensure_future(queue.aenqueue(Record, "early"))
+                await watch_loop(ticker, 0.5)
+                assert not job.done()
+            task_id = await asyncio.wait_for(job, 20)
+            assert pending(pg) == 1
+            await queue.start()  # not scheduled before start: claimed, then run
+            await eventually("it ran", lambda: RUNS["early"] == 1 and pending(pg) == 0)
+            assert await queue.stop(5)
+            assert task_id not in {t.id for t in db.list_dead_tasks()}
     asyncio.run(scenario())
 
 

@@ -4,7 +4,9 @@ Rules (spec/queue.md):
 - Every execution ends in exactly one transition, written by the journal: success
   removes the task; a failure re-adds it under the same id (W-15) with attempts + 1 and
   the retry delay, after backpressure (Q-11); a give-up dead-letters it (D-13, Q-8).
-  A storage error is logged and leaves the task in the WAL; it never stops the loop.
+  A storage error is logged and leaves the task in the WAL; it never stops the loop. On a
+  shared database those writes run in the queue's write thread, and what follows them on
+  the loop once they returned (Q-179, ``Journal.shared``).
 - An execution begins only while the queue runs; one that does not begin stays in the
   WAL. ``KeyboardInterrupt`` and ``SystemExit`` are not failed executions: they propagate.
 - A broken retry policy falls back to the default backoff.

@@ -19,6 +19,8 @@ This module keeps the lifecycle, the enqueue API and the introspection:
 - On a power-safe ``Disk`` (``fsync_frequency=0``) the loop never waits on an
   fsync: ``aenqueue`` writes its record and awaits a group commit (Q-20, W-21); a caller
   cancelled meanwhile still leaves the task scheduled once that commit is done (Q-41).
+- On a shared database (a ``ClaimingBackend``) ``aenqueue`` writes in the queue's write
+  thread and schedules the task on the loop once it is written (Q-181, sharedwrites.py).
 - ``start`` replays the backend's pending tasks with their remaining delays (Q-9).
 - ``stop`` refuses new executions, lets running ones finish up to a timeout
   (then cancels them: they stay in the WAL) and syncs the WAL (Q-15); a task that
