@@ -380,3 +380,40 @@ def test_a_failed_off_loop_removal_is_logged_and_the_task_runs_again(
                    and line.endswith("it stays pending in the database") for line in stays), stays
     with caplog.at_level(logging.ERROR, logger="deferq.queue"):
         asyncio.run(scenario())
+
+
+@pytest.mark.spec("Q-186", "Q-40")
+def test_cancel_removes_the_task_off_the_loop(pg: PgSchema) -> None:
+    async def scenario() -> None:
+        with backend(pg) as db:
+            queue = deferq.Queue(db, registry=REG)
+            await queue.start()
+            task_id = queue.enqueue(Record, "never", delay=600)
+            with Ticker() as ticker, stalled(db):
+                cancel = asyncio.ensure_future(queue.cancel(task_id))
+                await watch_loop(ticker, 0.5)
+                assert not cancel.done()  # its removal waits on the server, not the loop
+            assert await asyncio.wait_for(cancel, 20) is True
+            assert pending(pg) == 0
+            assert await queue.status(task_id) is deferq.TaskStatus.UNKNOWN
+            assert await queue.stop(5)
+        assert RUNS == {}
+    asyncio.run(scenario())
+
+
+@pytest.mark.spec("Q-186", "Q-9")
+def test_start_reads_the_held_tasks_off_the_loop(pg: PgSchema) -> None:
+    async def scenario() -> None:
+        with backend(pg) as db:
+            queue = deferq.Queue(db, registry=REG)
+            with Ticker() as ticker, stalled(db):
+                start = asyncio.ensure_future(queue.start())
+                await watch_loop(ticker, 0.5)
+                assert not start.done()  # its read waits on the server, not the loop
+            await asyncio.wait_for(start, 20)
+            task_id = await queue.aenqueue(Record, "after")
+            await eventually("the task ran", lambda: RUNS["after"] == 1)
+            await queue.wait_idle()
+            assert await queue.status(task_id) is deferq.TaskStatus.UNKNOWN
+            assert await queue.stop(5)
+    asyncio.run(scenario())

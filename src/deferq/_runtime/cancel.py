@@ -69,7 +69,9 @@ class Canceller:
                 if await self._ended(job):
                     scheduler.cancelled.discard(task_id)
             # else: it has not taken its first step; it ends there without running.
-        if not self._journal.remove_checked(task_id):
+        removed = (self._journal.remove_checked(task_id) if shared is None
+                   else await shared.remove_held(task_id))  # off the loop
+        if not removed:
             # Implements Q-229: another worker holds it (this worker's lease ran out) or it is
             # gone; this worker stopped what it ran of it, and reports that as interrupted.
             log.warning("deferred task %s was not cancelled: another worker holds it (this "

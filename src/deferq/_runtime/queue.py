@@ -212,7 +212,8 @@ class Queue(DeadTaskApi):
         now = int(self.clock.time())
         replay = self._executor.replay
         replayed = delayed = unloadable = 0
-        for pending in self.backend.pending_tasks():
+        shared = self._journal.shared  # a shared database is read off the loop
+        for pending in self.backend.pending_tasks() if shared is None else await shared.held():
             if await replay(pending, now):
                 replayed += 1
                 delayed += pending.publish_at is not None and pending.publish_at > now

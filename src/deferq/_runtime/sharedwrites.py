@@ -34,6 +34,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from deferq._core.types import PendingTask
 from deferq._runtime.book import TaskBook
 from deferq._runtime.committer import Committer
 from deferq.backends.protocol import BatchRemover, ClaimingBackend
@@ -125,6 +126,18 @@ class SharedWrites:
         finally:
             writing.discard(task_id)
         self._book.added(task_id, publish_at)
+
+    async def remove_held(self, task_id: str) -> bool:
+        """Implements Q-186: ``cancel``'s removal (C-36) in the write thread; whether a task
+        was removed. The task is forgotten once it returned."""
+        removed = await self._run(functools.partial(self._backend.remove_held, task_id))
+        self._book.forget(task_id)
+        return removed
+
+    async def held(self) -> list[PendingTask]:
+        """Implements Q-186: the tasks the backend holds, read in a worker thread (``start``:
+        the write thread hands outcomes to a loop only once the queue is bound to it)."""
+        return await asyncio.to_thread(self._backend.pending_tasks)
 
     # ------------------------------------------------------------------ aenqueue
     async def add(self, data: bytes, publish_at: int | None, key: str | None,
