@@ -195,3 +195,28 @@ def test_a_bad_timeout_is_refused_before_connecting(bad: object) -> None:
     with pytest.raises(ValueError, match="timeout_seconds"):
         migrate_schema("host=/nonexistent", "deferq", create=True,
                        timeout_seconds=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.spec("P-60", "P-47")
+def test_the_commands_take_a_db_timeout(pg: PgSchema, capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DEFERQ_DSN", raising=False)
+    for bad in ("0", "0.5", "-3", "nan", "inf", "soon"):
+        assert main(["stats", "--dsn", pg.dsn, "--db-timeout", bad]) == 2, bad
+        _, err = capsys.readouterr()
+        assert "--db-timeout" in err and len(err.strip().splitlines()) == 1, err
+    assert main(["db", "init", "--dsn", pg.dsn, "--schema", pg.schema, "--db-timeout", "5"]) == 0
+    capsys.readouterr()
+    import psycopg
+    with psycopg.connect(pg.dsn, autocommit=True) as holder:
+        with holder.transaction():  # a stuck holder of the schema's lock: db init must wait
+            holder.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                           (f"deferq schema {pg.schema}",))
+            started = time.monotonic()
+            status = main(["db", "upgrade", "--dsn", pg.dsn, "--schema", pg.schema,
+                           "--db-timeout", "1"])
+            took = time.monotonic() - started
+    _, err = capsys.readouterr()
+    assert status == 1 and "did not answer within 1 s" in err, err
+    assert took < 4, f"db upgrade took {took:.1f} s"
+    assert main(["stats", "--dsn", pg.dsn, "--schema", pg.schema, "--db-timeout", "2.5"]) == 0

@@ -60,6 +60,9 @@ def build_parser(command: str | None = None) -> Parser:
                         help="act on PostgreSQL instead (default: $DEFERQ_DSN when no --path)")
     parser.add_argument("--schema", default=argparse.SUPPRESS,
                         help="PostgreSQL schema (default: $DEFERQ_SCHEMA, else deferq)")
+    parser.add_argument("--db-timeout", default=argparse.SUPPRESS, metavar="SECONDS",
+                        help="PostgreSQL: the longest one statement may go unanswered "
+                             "(default 30)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     areas: dict[str, Callable[[Subcommands], None]] = {
         "demos": demos.register, "ops": ops.register, "crash": crash.register,

@@ -9,11 +9,14 @@ Rules:
   which version the schema went from and to, and refuse a schema of a newer deferq (P-5).
 - Opening the store never creates it: a schema without tables fails with the message of
   P-4, a ``PostgresError`` that ``main`` prints as one line with exit status 1.
+- ``--db-timeout SECONDS`` is the backend's ``timeout_seconds`` (P-47, P-60): how long one
+  statement may go unanswered before the command fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
@@ -28,6 +31,7 @@ if TYPE_CHECKING:  # imported by the commands that open a database: not on a fil
 
 DSN_VARIABLE: Final = "DEFERQ_DSN"
 SCHEMA_VARIABLE: Final = "DEFERQ_SCHEMA"
+DB_TIMEOUT_DEFAULT_S: Final = 30.0  # the backend's own default (P-47)
 
 
 def database_of(args: argparse.Namespace,
@@ -46,14 +50,30 @@ def database_of(args: argparse.Namespace,
     return dsn, check_schema_name(schema)
 
 
+def db_timeout_of(args: argparse.Namespace) -> float:
+    """Implements P-60: ``--db-timeout``, a number of seconds >= 1, else a usage error."""
+    text = getattr(args, "db_timeout", None)
+    if text is None:
+        return DB_TIMEOUT_DEFAULT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 1:
+        raise CommandError(f"--db-timeout must be a number of seconds >= 1, got {text!r}",
+                           EXIT_USAGE)
+    return seconds
+
+
 def open_database(args: argparse.Namespace) -> Postgres | None:
     """The command's PostgreSQL store, opened (never created), or None for a directory."""
     database = database_of(args)
     if database is None:
         return None
     dsn, schema = database
+    timeout = db_timeout_of(args)
     from deferq.backends.postgres import Postgres  # noqa: PLC0415 - only with a database
-    return Postgres(dsn=dsn, schema=schema)
+    return Postgres(dsn=dsn, schema=schema, timeout_seconds=timeout)
 
 
 def refuse_files_only(args: argparse.Namespace, command: str) -> None:
@@ -70,8 +90,9 @@ def _migrate(args: argparse.Namespace, *, create: bool) -> int:
         raise CommandError(f"db {'init' if create else 'upgrade'} needs a database: give --dsn "
                            f"or set {DSN_VARIABLE}", EXIT_USAGE)
     dsn, schema = database
+    timeout = db_timeout_of(args)
     from deferq.backends.postgres import migrate_schema  # noqa: PLC0415 - only with a database
-    before, after = migrate_schema(dsn, schema, create=create)
+    before, after = migrate_schema(dsn, schema, create=create, timeout_seconds=timeout)
     if args.json:
         print_json({"schema": schema, "version_before": before, "version": after})
     elif before == after:
@@ -100,6 +121,9 @@ def database_options() -> Parser:
     common.add_argument("--schema", default=argparse.SUPPRESS,
                         help=f"the PostgreSQL schema of deferq's tables (default: "
                              f"${SCHEMA_VARIABLE}, else {DEFAULT_SCHEMA})")
+    common.add_argument("--db-timeout", default=argparse.SUPPRESS, metavar="SECONDS",
+                        help=f"fail when PostgreSQL leaves one statement unanswered this long "
+                             f"(default {DB_TIMEOUT_DEFAULT_S:g})")
     return common
 
 
