@@ -220,3 +220,26 @@ def test_the_commands_take_a_db_timeout(pg: PgSchema, capsys: pytest.CaptureFixt
     assert status == 1 and "did not answer within 1 s" in err, err
     assert took < 4, f"db upgrade took {took:.1f} s"
     assert main(["stats", "--dsn", pg.dsn, "--schema", pg.schema, "--db-timeout", "2.5"]) == 0
+
+
+@pytest.mark.spec("P-47")
+def test_an_idle_watchdog_thread_ends_and_the_next_statement_starts_another(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from deferq.backends import _pgconn
+    monkeypatch.setattr(_pgconn, "_IDLE_EXIT_S", 0.0)
+    watchdog = _pgconn.Watchdog(1.0)  # looks every 0.25 s
+    try:
+        watchdog.arm("session", -1)
+        first = watchdog._thread
+        assert first is not None and first.is_alive()
+        time.sleep(0.4)
+        assert first.is_alive()  # something is armed: it stays
+        watchdog.disarm("session")
+        first.join(timeout=5)
+        assert not first.is_alive() and watchdog._thread is None
+        watchdog.arm("session", -1)
+        assert watchdog._thread is not None and watchdog._thread is not first
+        watchdog.disarm("session")
+    finally:
+        watchdog.close()
+    assert watchdog.fired == 0

@@ -48,6 +48,7 @@ T = TypeVar("T")
 CONNECT_TIMEOUT_S: Final = 10  # P-49: a connect's bound when the DSN gives no connect_timeout
 DEFAULT_TIMEOUT_S: Final = 30.0  # P-47: how long a statement may go unanswered
 _TICKS_PER_TIMEOUT: Final = 4  # the watchdog looks this often per timeout (at most 1 s apart)
+_IDLE_EXIT_S: Final = 10.0  # a watchdog thread with nothing armed for this long ends
 _QUOTED: Final = re.compile(r'"[^"]*"|\'[^\']*\'')
 
 
@@ -113,9 +114,10 @@ class Watchdog:
     """Shuts down the socket of a statement not answered within ``timeout_s`` (P-47).
 
     ``arm(slot, fd)`` before a statement, ``disarm(slot)`` after it (in a ``finally``): a
-    slot is one connection's statement in flight. One daemon thread, started at the first
-    ``arm`` and ended by ``close``, looks at the deadlines every quarter of the timeout (at
-    most every second), so an unanswered statement fails within that much after its deadline.
+    slot is one connection's statement in flight. One daemon thread looks at the deadlines
+    every quarter of the timeout (at most every second), so an unanswered statement fails
+    within that much after its deadline. ``arm`` starts it; ``close`` ends it, and so does
+    ``_IDLE_EXIT_S`` with nothing armed (a backend never closed leaves no thread behind).
     """
 
     def __init__(self, timeout_s: float) -> None:
@@ -126,10 +128,12 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.fired = 0  # sockets shut down (tests count them)
+        self._last_arm = 0.0
 
     def arm(self, slot: str, fd: int) -> None:
         with self._lock:
-            self._armed[slot] = (time.monotonic() + self.timeout_s, fd)
+            self._last_arm = now = time.monotonic()
+            self._armed[slot] = (now + self.timeout_s, fd)
             self._cut.discard(slot)
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(target=self._run, daemon=True,
@@ -151,6 +155,9 @@ class Watchdog:
         while not self._stop.wait(tick):
             now = time.monotonic()
             with self._lock:
+                if not self._armed and now - self._last_arm > _IDLE_EXIT_S:
+                    self._thread = None  # idle: the next ``arm`` starts another
+                    return
                 late = [slot for slot, (deadline, _) in self._armed.items() if now >= deadline]
                 for slot in late:
                     _, fd = self._armed.pop(slot)
