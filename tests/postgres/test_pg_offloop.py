@@ -189,6 +189,17 @@ async def watch_loop(ticker: Ticker, seconds: float = STALL_S) -> None:
     assert ticker.worst < GAP_MAX_S, f"the event loop froze for {ticker.worst:.2f} s"
 
 
+async def start_gated(db: Postgres, task: type[deferq.Task], prefix: str
+                      ) -> tuple[deferq.Queue, Deps, Recorder, list[str]]:
+    """A started queue with ``TASKS`` tasks of ``task`` running, each waiting at the gate."""
+    deps, hooks = Deps(), Recorder()
+    queue = deferq.Queue(db, registry=REG, deps=deps, hooks=[hooks])
+    await queue.start()
+    ids = [queue.enqueue(task, f"{prefix}{i}") for i in range(TASKS)]
+    await eventually("every task running", lambda: len(deps.started) == TASKS)
+    return queue, deps, hooks, ids
+
+
 @pytest.fixture(autouse=True)
 def _fresh_runs() -> None:
     RUNS.clear()
@@ -197,12 +208,8 @@ def _fresh_runs() -> None:
 @pytest.mark.spec("Q-179", "Q-183")
 def test_successes_are_removed_off_the_loop_while_the_server_is_silent(pg: PgSchema) -> None:
     async def scenario() -> None:
-        deps, hooks = Deps(), Recorder()
         with backend(pg) as db:
-            queue = deferq.Queue(db, registry=REG, deps=deps, hooks=[hooks])
-            await queue.start()
-            ids = [queue.enqueue(Gated, f"g{i}") for i in range(TASKS)]
-            await eventually("every task running", lambda: len(deps.started) == TASKS)
+            queue, deps, hooks, ids = await start_gated(db, Gated, "g")
             with Ticker() as ticker, stalled(db):
                 deps.gate.set()  # every perform returns: TASKS removals wait on the server
                 await watch_loop(ticker)
@@ -255,12 +262,8 @@ def test_a_batch_of_plain_successes_is_removed_off_the_loop(pg: PgSchema) -> Non
 @pytest.mark.spec("Q-179")
 def test_a_retry_is_re_added_off_the_loop(pg: PgSchema) -> None:
     async def scenario() -> None:
-        deps, hooks = Deps(), Recorder()
         with backend(pg) as db:
-            queue = deferq.Queue(db, registry=REG, deps=deps, hooks=[hooks])
-            await queue.start()
-            ids = [queue.enqueue(FailsOnce, f"r{i}") for i in range(TASKS)]
-            await eventually("every task running", lambda: len(deps.started) == TASKS)
+            queue, deps, hooks, ids = await start_gated(db, FailsOnce, "r")
             with Ticker() as ticker, stalled(db):
                 deps.gate.set()  # every first attempt fails: TASKS re-adds wait on the server
                 await watch_loop(ticker)
@@ -280,12 +283,8 @@ def test_a_retry_is_re_added_off_the_loop(pg: PgSchema) -> None:
 @pytest.mark.spec("Q-179", "Q-141")
 def test_a_give_up_on_a_silent_server_keeps_the_loop_running(pg: PgSchema) -> None:
     async def scenario() -> None:
-        deps, hooks = Deps(), Recorder()
         with backend(pg) as db:
-            queue = deferq.Queue(db, registry=REG, deps=deps, hooks=[hooks])
-            await queue.start()
-            ids = [queue.enqueue(GivesUp, f"d{i}") for i in range(TASKS)]
-            await eventually("every task running", lambda: len(deps.started) == TASKS)
+            queue, deps, hooks, ids = await start_gated(db, GivesUp, "d")
             with Ticker() as ticker, stalled(db):
                 deps.gate.set()  # every task gives up: its dead-task write, then its removal
                 await watch_loop(ticker)
