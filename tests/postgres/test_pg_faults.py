@@ -243,3 +243,23 @@ def test_an_idle_watchdog_thread_ends_and_the_next_statement_starts_another(
     finally:
         watchdog.close()
     assert watchdog.fired == 0
+
+
+@pytest.mark.spec("P-47")
+def test_the_watchdog_cuts_a_tcp_connection_too() -> None:
+    """The tests' server listens on a Unix socket; a real deployment mostly on TCP."""
+    import socket
+    import threading
+
+    from deferq.backends._pgconn import _shut_down
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with socket.create_connection(server.getsockname()) as client:
+            accepted, _ = server.accept()
+            with accepted:
+                cut = threading.Timer(0.2, _shut_down, (client.fileno(),))
+                cut.start()
+                client.settimeout(10)
+                assert client.recv(10) == b""  # the blocked read ends: end of stream
+                cut.join()
