@@ -14,10 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from deferq._core.limits import BACKPRESSURE_TIMEOUT_MAX_S
 from deferq._runtime.clock import Clock
 from deferq._runtime.errors import PushTimeout
-
-from deferq._core.limits import BACKPRESSURE_TIMEOUT_MAX_S
 
 BACKPRESSURE_SLEEP_S: Final = 0.05
 

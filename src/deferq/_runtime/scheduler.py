@@ -39,7 +39,6 @@ from typing import Final
 
 from deferq._runtime.backpressure import Backpressure, wait_for_room
 from deferq._runtime.clock import Clock
-from deferq._runtime.errors import PushTimeout
 from deferq._runtime.serialize import Context
 from deferq._runtime.task import Task
 from deferq._runtime.timers import TimerHeap
