@@ -10,7 +10,11 @@ The floor is the least SQL that does the same work: one autocommit ``INSERT`` pe
 claim ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)``, one ``DELETE`` per
 completion; its dead store is one table with a ``seq`` index and a primary key. deferq's side is
 the backend alone (``add_task`` / ``claim_due`` / ``remove_task``), each producer and worker on
-its own ``Postgres`` (its own connection), as separate hosts would be.
+its own ``Postgres`` (its own connection), as separate hosts would be. A third side, the libpq
+floor, runs the floor's SQL as named prepared statements through ``psycopg.pq``, the client path
+deferq's hot statements take (P-77); the throughput rows print deferq's ratio to it for
+information (what deferq does beyond the least client work), with no target: the targets are
+against the plain psycopg floor, as issue #19 sets them.
 
 Rows (each prints absolute figures, the ratio deferq / floor and a verdict against its target):
 - ``throughput_p1`` / ``throughput_p16``: enqueue+complete of N tasks, 1 or 16 producer threads
@@ -88,6 +92,50 @@ class Floor:
 
     def done(self, task_id: int) -> None:
         self.conn.execute("DELETE FROM floor WHERE id = %s", (task_id,))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class LibpqFloor:
+    """The floor's SQL as named prepared statements through libpq (``psycopg.pq``), the client
+    path deferq's hot statements take (P-77): the least client work, printed for information
+    beside the plain psycopg floor that the targets are set against."""
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.pg = self.conn.pgconn
+        self.owner = f"libpq-{id(self)}".encode()
+        self.limits: set[int] = set()
+        self._prepare(b"add", "INSERT INTO floor (payload) VALUES ($1)", [17])
+        self._prepare(b"done", "DELETE FROM floor WHERE id = $1", [20])
+
+    def _prepare(self, name: bytes, sql: str, types: list[int]) -> None:
+        res = self.pg.prepare(name, sql.encode(), types)
+        if res.status != psycopg.pq.ExecStatus.COMMAND_OK:
+            raise RuntimeError(f"libpq floor: prepare {name!r}: {res.error_message!r}")
+
+    def _run(self, name: bytes, values: list[bytes], formats: list[int]) -> psycopg.pq.abc.PGresult:
+        res = self.pg.exec_prepared(name, values, formats, 1)
+        if res.status not in (psycopg.pq.ExecStatus.COMMAND_OK, psycopg.pq.ExecStatus.TUPLES_OK):
+            raise RuntimeError(f"libpq floor: {name!r}: {res.error_message!r}")
+        return res
+
+    def add(self) -> None:
+        self._run(b"add", [PAYLOAD], [1])
+
+    def claim(self, limit: int) -> list[int]:
+        if limit not in self.limits:  # the limit written in, as deferq does (P-76)
+            sql = FLOOR_CLAIM.replace("%s", "$1", 1).replace("%s", "$2", 1).replace(
+                "%s", str(int(limit)), 1)
+            self._prepare(b"claim%d" % limit, sql, [25, 20])
+            self.limits.add(limit)
+        res = self._run(b"claim%d" % limit, [self.owner, b"%d" % int(time.time() * 1000)],
+                        [0, 0])
+        return [int.from_bytes(res.get_value(i, 0) or b"", "big") for i in range(res.ntuples)]
+
+    def done(self, task_id: int) -> None:
+        self._run(b"done", [b"%d" % task_id], [0])
 
     def close(self) -> None:
         self.conn.close()
@@ -206,7 +254,7 @@ class Procrastinate:
         self.loop.close()
 
 
-Side = Callable[[bool], "Floor | Deferq | PgQueuer | Procrastinate"]
+Side = Callable[[bool], "Floor | LibpqFloor | Deferq | PgQueuer | Procrastinate"]
 
 
 def throughput(make: Side, tasks: int, producers: int) -> float:
@@ -218,14 +266,14 @@ def throughput(make: Side, tasks: int, producers: int) -> float:
     produced = threading.Event()
     errors: list[BaseException] = []
 
-    def produce(side: Floor | Deferq | PgQueuer | Procrastinate, count: int) -> None:
+    def produce(side: Floor | LibpqFloor | Deferq | PgQueuer | Procrastinate, count: int) -> None:
         try:
             for _ in range(count):
                 side.add()
         except BaseException as exc:  # reported below, never swallowed
             errors.append(exc)
 
-    def work(side: Floor | Deferq | PgQueuer | Procrastinate) -> None:
+    def work(side: Floor | LibpqFloor | Deferq | PgQueuer | Procrastinate) -> None:
         try:
             while True:
                 with lock:
@@ -381,6 +429,9 @@ def interleaved(reps: int, sides: dict[str, Callable[[], float]],
     row = {name: statistics.median(values) for name, values in times.items()}
     row["ratio"] = statistics.median(d / f for d, f in zip(times["deferq"], times["floor"],
                                                               strict=True))
+    if "libpq" in times:
+        row["ratio_libpq"] = statistics.median(
+            d / f for d, f in zip(times["deferq"], times["libpq"], strict=True))
     return row
 
 
@@ -435,27 +486,31 @@ def main(argv: list[str] | None = None) -> int:
             for statement in FLOOR_SCHEMA:
                 conn.execute(statement)
 
-        def floor(_worker: bool) -> Floor | Deferq | PgQueuer | Procrastinate:
+        def floor(_worker: bool) -> Floor | LibpqFloor | Deferq | PgQueuer | Procrastinate:
             return Floor(dsn)
 
-        def ours(worker: bool) -> Floor | Deferq | PgQueuer | Procrastinate:
+        def libpq(_worker: bool) -> Floor | LibpqFloor | Deferq | PgQueuer | Procrastinate:
+            return LibpqFloor(dsn)
+
+        def ours(worker: bool) -> Floor | LibpqFloor | Deferq | PgQueuer | Procrastinate:
             return Deferq(dsn, schema, worker=worker)
 
         why = {"pgqueuer": install_peer("pgqueuer", lambda: PgQueuer(dsn)),
                "procrastinate": install_peer(
                    "procrastinate", lambda: Procrastinate(dsn, worker=False))}
 
-        def pgq(_worker: bool) -> Floor | Deferq | PgQueuer | Procrastinate:
+        def pgq(_worker: bool) -> Floor | LibpqFloor | Deferq | PgQueuer | Procrastinate:
             return PgQueuer(dsn)
 
-        def pro(worker: bool) -> Floor | Deferq | PgQueuer | Procrastinate:
+        def pro(worker: bool) -> Floor | LibpqFloor | Deferq | PgQueuer | Procrastinate:
             return Procrastinate(dsn, worker=worker)
 
         for producers in (1, 16):
             key = f"throughput_p{producers}"
             rows[key] = interleaved(args.reps, {
                 "floor": lambda: throughput(floor, args.tasks, producers),
-                "deferq": lambda: throughput(ours, args.tasks, producers)},
+                "deferq": lambda: throughput(ours, args.tasks, producers),
+                "libpq": lambda: throughput(libpq, args.tasks, producers)},
                 reps_of.setdefault(key, {}))
             for peer, make in (("pgqueuer", pgq), ("procrastinate", pro)):
                 if why[peer] is None:
@@ -492,7 +547,9 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("throughput_p1", "throughput_p16"):
         row = rows[key]
         line = (f"{key:<20}deferq {args.tasks / row['deferq']:.0f} tasks/s, floor "
-                f"{args.tasks / row['floor']:.0f} tasks/s")
+                f"{args.tasks / row['floor']:.0f} tasks/s, libpq floor "
+                f"{args.tasks / row['libpq']:.0f} tasks/s (deferq {row['ratio_libpq']:.2f}x "
+                f"of it, for information: no target)")
         for peer in ("pgqueuer", "procrastinate"):
             if peer in row:
                 ahead = "PASS" if row["deferq"] < row[peer] else "MISS"

@@ -13,6 +13,8 @@ Rules:
   inserts commit one at a time and lose group commit (16 producers ran at 1.8-2.4x the
   floor). A notification is a hint (idle workers poll every ``poll_seconds`` anyway, P-27),
   so its own commit need not be durable and holds that lock for microseconds.
+- The add of a new id, the removal, the claim and the notification run as named prepared
+  statements through libpq (``_pgprepared``, P-77): every task makes them.
 - A claim takes due, free tasks (no owner, or an expired lease) with ``FOR UPDATE SKIP
   LOCKED``: two concurrent claims never return the same task, and neither waits for the
   other (P-22). Leases are timed by the server's clock; ``publish_at`` is compared with the
@@ -30,6 +32,8 @@ import functools
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from deferq._core.types import PendingTask
+from deferq.backends import _pgprepared as prep
+from deferq.backends._pgprepared import BYTEA, FLOAT8, INT8, TEXT, Statement, statement
 
 if TYPE_CHECKING:
     import psycopg
@@ -37,6 +41,8 @@ if TYPE_CHECKING:
 _NOW_S = "floor(extract(epoch from now()))::bigint"
 # P-45: inserts of a new id tried before the add fails (each taken id costs one more).
 NEW_ID_ATTEMPTS: Final = 8
+# P-77: claims of at most this many tasks are prepared (a queue claims at most 64, Q-227).
+PREPARED_CLAIM_MAX: Final = 64
 UNIQUE_VIOLATION: Final = "23505"  # the SQLSTATE of a taken primary key
 # P-41: the row is not held by another worker under a live lease (``%(owner)s`` is the caller).
 FREE_FOR_OWNER = ("(p.lease_owner IS NULL OR p.lease_owner = %(owner)s "
@@ -84,44 +90,57 @@ def _add_new(conn: psycopg.Connection[tuple[object, ...]], s: str, context: byte
     two made a single producer's add 8 % faster (docs/benchmarks.md, PostgreSQL session 7).
     """
     held = owner is not None  # P-72: a claiming backend's add is held by it at once
-    sql = _new_id_sql(s, held)
-    params = (context, publish_at, owner, lease_s) if held else (context, publish_at)
+    stmt = _new_id_statement(s, held)
+    params: tuple[prep.Param, ...] = ((context, publish_at, owner, lease_s) if held
+                                      else (context, publish_at))
     for attempt in range(1, NEW_ID_ATTEMPTS + 1):
         try:
-            row = conn.execute(sql, params).fetchone()
+            res = prep.run(conn, stmt, params)
         except Exception as exc:
             if getattr(exc, "sqlstate", None) != UNIQUE_VIOLATION or attempt == NEW_ID_ATTEMPTS:
                 raise
             continue  # P-45: that id is a chosen one; the next n is another id
-        assert row is not None and isinstance(row[0], str)
-        return row[0]
+        return prep.text(res.get_value(0, 0))
     raise AssertionError("unreachable")
 
 
 @functools.lru_cache(maxsize=64)
-def _new_id_sql(s: str, held: bool) -> str:
+def _new_id_statement(s: str, held: bool) -> Statement:
     """The new-id insert of schema ``s`` (held: with the adding backend's lease), built once:
-    every add of a producer runs it."""
-    return (f"INSERT INTO {s}.pending (id, seq, context, publish_at"
-            f"{', lease_owner, lease_until' if held else ''}) "
-            f"SELECT {_NOW_S}::text || '-' || n, n, %s, %s"
-            f"{', %s, now() + make_interval(secs => %s)' if held else ''} "
-            f"FROM nextval('{s}.task_seq') AS n RETURNING id")
+    every add of a producer runs it (P-77)."""
+    return statement(
+        f"INSERT INTO {s}.pending (id, seq, context, publish_at"
+        f"{', lease_owner, lease_until' if held else ''}) "
+        f"SELECT {_NOW_S}::text || '-' || n, n, $1, $2"
+        f"{', $3, now() + make_interval(secs => $4)' if held else ''} "
+        f"FROM nextval('{s}.task_seq') AS n RETURNING id",
+        (BYTEA, INT8, TEXT, FLOAT8) if held else (BYTEA, INT8))
 
 
 def notify(conn: psycopg.Connection[tuple[object, ...]], channel: str) -> None:
     """Implements P-73: wake the idle workers, in a transaction committed asynchronously."""
-    conn.execute("SELECT set_config('synchronous_commit', 'off', true), pg_notify(%s, '')",
-                 (channel,))
+    prep.run(conn, _NOTIFY, (channel,))
+
+
+_NOTIFY = statement("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')",
+                    (TEXT,))
 
 
 def remove(conn: psycopg.Connection[tuple[object, ...]], s: str, task_id: str,
            owner: str | None) -> bool:
     """Implements P-18, P-41: delete the task (with ``owner``: unless another worker holds it
     under a live lease); whether a row was deleted."""
-    fence = "" if owner is None else f" AND {FREE_FOR_OWNER}"
-    return conn.execute(f"DELETE FROM {s}.pending AS p WHERE p.id = %(id)s{fence}",
-                        {"id": task_id, "owner": owner}).rowcount > 0
+    if owner is None:
+        return prep.run(conn, _remove_statement(s, False), (task_id,)).command_tuples != 0
+    return prep.run(conn, _remove_statement(s, True), (task_id, owner)).command_tuples != 0
+
+
+@functools.lru_cache(maxsize=64)
+def _remove_statement(s: str, fenced: bool) -> Statement:
+    if not fenced:
+        return statement(f"DELETE FROM {s}.pending AS p WHERE p.id = $1", (TEXT,))
+    return statement(f"DELETE FROM {s}.pending AS p WHERE p.id = $1 AND "
+                     + FREE_FOR_OWNER.replace("%(owner)s", "$2"), (TEXT, TEXT))
 
 
 def held(conn: psycopg.Connection[tuple[object, ...]], s: str, owner: str) -> list[PendingTask]:
@@ -135,14 +154,25 @@ def claim(conn: psycopg.Connection[tuple[object, ...]], s: str, owner: str, limi
           lease_s: float) -> list[PendingTask]:
     """Implements P-22..P-24, P-76: claim up to ``limit`` due, free tasks, in publish order.
 
-    The limit is written into the statement, not passed as a parameter: once psycopg
-    prepares a statement, PostgreSQL may plan it once for any ``LIMIT $1``, and that generic
+    The limit is written into the statement, not passed as a parameter: once a statement is
+    prepared (P-77), PostgreSQL may plan it once for any ``LIMIT $1``, and that generic
     plan made a claim of one task 1.35x slower (0.36 ms against 0.27 ms on the benchmark's
     server). Each limit is one prepared statement; a queue uses at most 64 (Q-227).
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be an int >= 1, got {limit!r}")
-    rows = conn.execute(
+    res = prep.run(conn, _claim_statement(s, limit), (owner, lease_s))
+    rows = [(prep.text(res.get_value(i, 0)), res.get_value(i, 1), prep.int8(res.get_value(i, 2)),
+             prep.int8(res.get_value(i, 3))) for i in range(res.ntuples)]
+    rows.sort(key=lambda row: (row[2] or 0, row[3] or 0))
+    return [_pending_of(row[:3]) for row in rows]
+
+
+@functools.lru_cache(maxsize=256)
+def _claim_statement(s: str, limit: int) -> Statement:
+    """The claim of ``limit`` tasks; prepared (P-77) up to ``PREPARED_CLAIM_MAX``, so that a
+    caller passing ever new limits never fills the server with prepared statements."""
+    return statement(
         f"""WITH due AS (
               SELECT id FROM {s}.pending
               WHERE coalesce(publish_at, 0) <= {_NOW_S}
@@ -151,12 +181,10 @@ def claim(conn: psycopg.Connection[tuple[object, ...]], s: str, owner: str, limi
               LIMIT {limit:d}
               FOR UPDATE SKIP LOCKED)
             UPDATE {s}.pending AS p
-            SET lease_owner = %(owner)s, lease_until = now() + make_interval(secs => %(lease)s)
+            SET lease_owner = $1, lease_until = now() + make_interval(secs => $2)
             FROM due WHERE p.id = due.id
-            RETURNING p.id, p.context, p.publish_at, p.seq""",
-        {"owner": owner, "lease": lease_s}).fetchall()
-    rows.sort(key=lambda row: (row[2] or 0, row[3]))
-    return [_pending_of(row[:3]) for row in rows]
+            RETURNING p.id, p.context, p.publish_at, p.seq""", (TEXT, FLOAT8),
+        named=limit <= PREPARED_CLAIM_MAX)
 
 
 def renew(conn: psycopg.Connection[tuple[object, ...]], s: str, owner: str, ids: list[str],
