@@ -164,7 +164,7 @@ class Executor:
                       instance: Task | None, result: object, error: Exception | None) -> None:
         """The rest of an execution in its asyncio task: await the result, then one transition."""
         released = False  # whether a retry gave the slot back early (Q-37)
-        was_cancelled = False  # cancel (Q-40) reports it, not ``ended`` (Q-102)
+        reported = False  # an ending event went out, or cancel (Q-40) reports it (Q-102)
         job = asyncio.current_task()
         if job is not None:
             self.jobs[task_id] = job  # cancel (Q-40) interrupts it from here on
@@ -182,15 +182,14 @@ class Executor:
                     self._hooks.perform_ended(task_id)  # (a success's ends at its event)
                 abandoned = self._scheduler.abandoned
                 if abandoned and task_id in abandoned:
-                    # Implements Q-35: stop() returned without this execution, which swallowed
-                    # its cancellation; writing its outcome now could race the WAL's last
-                    # sync, so it stays in the WAL and runs again at the next start.
+                    # Implements Q-35: stop() returned without this execution (it swallowed its
+                    # cancellation); an outcome written now could race the WAL's last sync.
                     log.warning("deferred task %s ended after stop gave up on it; its outcome "
                                 "is not recorded and it stays in the WAL", task_id)
                 elif self._scheduler.cancelled and task_id in self._scheduler.cancelled:
                     # Implements Q-40: cancel removed it; what it did is not recorded.
                     self._scheduler.cancelled.discard(task_id)
-                    was_cancelled = True
+                    reported = True
                     log.info("deferred task %s ended after it was cancelled; its outcome is "
                              "not recorded", task_id)
                 elif error is not None:
@@ -202,12 +201,13 @@ class Executor:
                         await self._shared.remove(task_id)
                     if self._hooked:
                         self._hooks.succeeded(task_id)
+                        reported = True
             except Exception:  # noqa: BLE001 - storage errors must not kill the loop's task
                 log.exception("deferred task %s: storage error; %s", task_id, self._journal.stays)
             finally:
                 self.inflight -= 1
         finally:
-            if self._hooked and task_id in self._hooks.open and not was_cancelled and (
+            if self._hooked and not reported and task_id in self._hooks.open and (
                     task_id not in self._scheduler.cancelled):
                 self._hooks.ended(task_id)  # Implements Q-102: no outcome was written
             if self.jobs.get(task_id) is job:
