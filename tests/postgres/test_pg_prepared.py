@@ -114,3 +114,28 @@ def test_binary_values_decode_as_the_server_sent_them() -> None:
     assert prep.int8(b"\xff" * 8) == -1
     assert prep.int8((2**63 - 1).to_bytes(8, "big")) == 2**63 - 1
     assert prep.text("é-1".encode()) == "é-1"
+
+
+@pytest.mark.spec("P-77")
+def test_statements_the_connection_lost_are_prepared_again(pg: PgSchema, db: Postgres) -> None:
+    import psycopg
+
+    db.start_claiming()
+    first = db.add_task(b"first")
+
+    def roll_back_after_psycopg_prepared(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        for _ in range(6):  # psycopg prepares a statement at its fifth run
+            conn.execute("SELECT %s::int", (1,))
+        with pytest.raises(RuntimeError), conn.transaction():
+            conn.execute("SELECT 1")
+            raise RuntimeError("roll back")  # psycopg then sends DEALLOCATE ALL
+
+    db._session.run("roll back", roll_back_after_psycopg_prepared)
+    assert prepared(db) == {}  # deferq's statements went with psycopg's
+    second = db.add_task(b"second")  # an add with a new id: never retried by P-50
+    assert [t.task_id for t in db.claim_due(5)] == []  # both held by this worker (P-72)
+    db.remove_task(first)
+    db._session.run("discard", lambda conn: conn.execute("DISCARD ALL"))
+    db.remove_task(second)
+    assert pg.sql("SELECT count(*) FROM {s}.pending") == [(0,)]
+    assert len(prepared(db)) == 1  # the removal, prepared again after DISCARD ALL

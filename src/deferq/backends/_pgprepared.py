@@ -12,7 +12,10 @@ Rules:
   text), prepared on a connection the first time it runs there, with explicit parameter types
   (the server would otherwise guess ``text`` for a parameter in an ``INSERT ... SELECT`` list).
   Which names a connection has prepared is kept per connection object, so a new connection
-  (after a lost one, P-50) prepares them again.
+  (after a lost one, P-50) prepares them again; a connection whose statements were dropped
+  (``DEALLOCATE ALL``, which psycopg itself sends after a rollback once it has prepared
+  statements of its own) answers "does not exist", and the statement is prepared and run again:
+  it did not run, so this is safe even for an add.
 - Parameters: ``bytes`` go as binary ``bytea``, ``int``, ``float`` and ``str`` as text, None as
   NULL. Results come back in binary: ``text`` as UTF-8, ``bigint`` as 8 bytes big-endian.
 - Only for statements in autocommit mode, one at a time on the connection (the caller holds the
@@ -39,6 +42,7 @@ TEXT: Final = 25
 FLOAT8: Final = 701
 TEXT_FORMAT: Final = 0
 BINARY_FORMAT: Final = 1
+NO_SUCH_STATEMENT: Final = b"26000"  # SQLSTATE invalid_sql_statement_name
 
 Param = bytes | int | float | str | None
 
@@ -71,16 +75,12 @@ def run(conn: psycopg.Connection[tuple[object, ...]], stmt: Statement,
     """Run ``stmt`` with ``params`` on ``conn``; its result (``TUPLES_OK`` or ``COMMAND_OK``)."""
     from psycopg import pq
     pgconn = conn.pgconn
+    names: set[bytes] = set()
     if stmt.name:
         with _prepared_lock:
-            names = _prepared.get(conn)
-            if names is None:
-                names = _prepared[conn] = set()
+            names = _prepared.setdefault(conn, names)
         if stmt.name not in names:
-            res = pgconn.prepare(stmt.name, stmt.sql, stmt.types)
-            if res.status != pq.ExecStatus.COMMAND_OK:
-                raise _error(pgconn, res)
-            names.add(stmt.name)
+            _prepare(pgconn, stmt, names)
     values: list[bytes | None] = []
     formats: list[int] = []
     for p in params:
@@ -90,15 +90,32 @@ def run(conn: psycopg.Connection[tuple[object, ...]], stmt: Statement,
         else:
             values.append(str(p).encode())
             formats.append(TEXT_FORMAT)
-    if stmt.name:
+    if not stmt.name:
+        res = pgconn.exec_params(stmt.sql, values, stmt.types, formats, BINARY_FORMAT)
+    else:
         # libpq takes None as NULL here as in exec_params; psycopg's stub leaves None out.
         res = pgconn.exec_prepared(stmt.name, values, formats,  # type: ignore[arg-type]
                                    BINARY_FORMAT)
-    else:
-        res = pgconn.exec_params(stmt.sql, values, stmt.types, formats, BINARY_FORMAT)
+        if (res.status == pq.ExecStatus.FATAL_ERROR
+                and res.error_field(pq.DiagnosticField.SQLSTATE) == NO_SUCH_STATEMENT):
+            # The connection lost its prepared statements: psycopg sends DEALLOCATE ALL
+            # after a rollback once it prepared statements of its own, and so may anyone
+            # with DISCARD ALL. Nothing ran, so even an add is safe to run again.
+            names.clear()
+            _prepare(pgconn, stmt, names)
+            res = pgconn.exec_prepared(stmt.name, values, formats,  # type: ignore[arg-type]
+                                       BINARY_FORMAT)
     if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
         raise _error(pgconn, res)
     return res
+
+
+def _prepare(pgconn: pq.abc.PGconn, stmt: Statement, names: set[bytes]) -> None:
+    from psycopg import pq
+    res = pgconn.prepare(stmt.name, stmt.sql, stmt.types)
+    if res.status != pq.ExecStatus.COMMAND_OK:
+        raise _error(pgconn, res)
+    names.add(stmt.name)
 
 
 def _error(pgconn: pq.abc.PGconn, res: pq.abc.PGresult) -> psycopg.Error:
