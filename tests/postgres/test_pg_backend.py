@@ -136,6 +136,17 @@ def test_a_connection_dropped_while_idle_is_replaced_before_the_next_statement(
     assert sql(pg, "SELECT id FROM {s}.pending ORDER BY seq") == [(tid,), (new,)]
 
 
+@pytest.mark.spec("P-51")
+def test_a_notice_outside_a_failure_costs_the_next_statement_one_probe(pg: PgSchema,
+                                                                       db: Postgres) -> None:
+    db._session.run("notice", lambda c: c.execute("DO $$ BEGIN RAISE NOTICE 'hi'; END $$"))
+    assert db._session._heard  # heard: the next statement first checks the connection
+    conn = db._session.conn
+    tid = db.add_task(b"x")
+    assert not db._session._heard and db._session.conn is conn  # checked, kept
+    assert sql(pg, "SELECT id FROM {s}.pending") == [(tid,)]
+
+
 @pytest.mark.spec("P-6", "P-50", "P-59")
 def test_a_connection_dropped_mid_statement_fails_that_call_and_the_next_reconnects(
         pg: PgSchema, db: Postgres) -> None:
