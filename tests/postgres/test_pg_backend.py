@@ -8,6 +8,8 @@ the point.
 
 from __future__ import annotations
 
+import contextlib
+
 import subprocess
 import sys
 import threading
@@ -134,6 +136,24 @@ def test_a_connection_dropped_while_idle_is_replaced_before_the_next_statement(
     kill()
     new = db.add_task(b"y")  # a new id is never retried: it must not be sent on a dead connection
     assert sql(pg, "SELECT id FROM {s}.pending ORDER BY seq") == [(tid,), (new,)]
+
+
+@pytest.mark.spec("P-51")
+def test_a_connection_whose_end_was_already_read_is_replaced(pg: PgSchema,
+                                                             db: Postgres) -> None:
+    import psycopg
+
+    conn = db._session.conn
+    assert conn is not None
+    pg.terminate(conn.info.backend_pid)
+    # libpq reads the server's FATAL first and the end of the socket at a later read (as
+    # after a crash, when no FATAL comes at all): the check then finds the connection gone.
+    with contextlib.suppress(psycopg.Error):
+        conn.pgconn.consume_input()
+        conn.pgconn.notifies()
+    new = db.add_task(b"y")  # a new id: never retried, so it must go to a fresh connection
+    assert db._session.conn is not conn
+    assert sql(pg, "SELECT id FROM {s}.pending") == [(new,)]
 
 
 @pytest.mark.spec("P-51")

@@ -237,13 +237,17 @@ class Session:
         import psycopg
         conn = self.conn
         if conn is not None and not conn.closed and self._said_something(conn):
-            self._watchdog.arm("session", conn.fileno())
-            try:
-                conn.execute("SELECT 1")
-            except psycopg.Error:
+            gone: bool = conn.closed  # libpq read its end already: no socket left to probe
+            if not gone:
+                try:
+                    self._watchdog.arm("session", conn.fileno())
+                    conn.execute("SELECT 1")
+                except psycopg.Error:
+                    gone = True
+                finally:
+                    self._watchdog.disarm("session")
+            if gone:
                 conn.close()
-            finally:
-                self._watchdog.disarm("session")
         if conn is None or conn.closed:
             conn = self.conn = connect(self._dsn)
             self._heard = False
