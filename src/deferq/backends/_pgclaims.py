@@ -44,9 +44,9 @@ NEW_ID_ATTEMPTS: Final = 8
 # P-77: claims of at most this many tasks are prepared (a queue claims at most 64, Q-227).
 PREPARED_CLAIM_MAX: Final = 64
 UNIQUE_VIOLATION: Final = "23505"  # the SQLSTATE of a taken primary key
-# P-41: the row is not held by another worker under a live lease (``%(owner)s`` is the caller).
-FREE_FOR_OWNER = ("(p.lease_owner IS NULL OR p.lease_owner = %(owner)s "
-                  "OR p.lease_until < now())")
+# P-41: the row is not held by another worker under a live lease (``{owner}``: the parameter
+# that stands for the caller, ``%(owner)s`` through psycopg, ``$2`` in a prepared removal).
+FREE_FOR = "(p.lease_owner IS NULL OR p.lease_owner = {owner} OR p.lease_until < now())"
 
 
 def _pending_of(row: tuple[object, ...]) -> PendingTask:
@@ -63,7 +63,7 @@ def add(conn: psycopg.Connection[tuple[object, ...]], s: str, context: bytes,
     ``task_id``'s; None when ``owner`` is fenced off (another worker's live lease holds it)."""
     if task_id is None:
         return _add_new(conn, s, context, publish_at, owner, lease_s)
-    fence = "" if owner is None else f" WHERE {FREE_FOR_OWNER}"
+    fence = "" if owner is None else " WHERE " + FREE_FOR.format(owner="%(owner)s")
     lease = "NULL" if owner is None else "now() + make_interval(secs => %(lease)s)"
     row = conn.execute(
         f"""INSERT INTO {s}.pending AS p (id, context, publish_at, lease_owner, lease_until)
@@ -130,9 +130,8 @@ def remove(conn: psycopg.Connection[tuple[object, ...]], s: str, task_id: str,
            owner: str | None) -> bool:
     """Implements P-18, P-41: delete the task (with ``owner``: unless another worker holds it
     under a live lease); whether a row was deleted."""
-    if owner is None:
-        return prep.run(conn, _remove_statement(s, False), (task_id,)).command_tuples != 0
-    return prep.run(conn, _remove_statement(s, True), (task_id, owner)).command_tuples != 0
+    params = (task_id,) if owner is None else (task_id, owner)
+    return prep.run(conn, _remove_statement(s, owner is not None), params).command_tuples != 0
 
 
 @functools.lru_cache(maxsize=64)
@@ -140,7 +139,7 @@ def _remove_statement(s: str, fenced: bool) -> Statement:
     if not fenced:
         return statement(f"DELETE FROM {s}.pending AS p WHERE p.id = $1", (TEXT,))
     return statement(f"DELETE FROM {s}.pending AS p WHERE p.id = $1 AND "
-                     + FREE_FOR_OWNER.replace("%(owner)s", "$2"), (TEXT, TEXT))
+                     + FREE_FOR.format(owner="$2"), (TEXT, TEXT))
 
 
 def held(conn: psycopg.Connection[tuple[object, ...]], s: str, owner: str) -> list[PendingTask]:

@@ -93,9 +93,7 @@ def run(conn: psycopg.Connection[tuple[object, ...]], stmt: Statement,
     if not stmt.name:
         res = pgconn.exec_params(stmt.sql, values, stmt.types, formats, BINARY_FORMAT)
     else:
-        # libpq takes None as NULL here as in exec_params; psycopg's stub leaves None out.
-        res = pgconn.exec_prepared(stmt.name, values, formats,  # type: ignore[arg-type]
-                                   BINARY_FORMAT)
+        res = _exec_named(pgconn, stmt, values, formats)
         if (res.status == pq.ExecStatus.FATAL_ERROR
                 and res.error_field(pq.DiagnosticField.SQLSTATE) == NO_SUCH_STATEMENT):
             # The connection lost its prepared statements: psycopg sends DEALLOCATE ALL
@@ -103,11 +101,17 @@ def run(conn: psycopg.Connection[tuple[object, ...]], stmt: Statement,
             # with DISCARD ALL. Nothing ran, so even an add is safe to run again.
             names.clear()
             _prepare(pgconn, stmt, names)
-            res = pgconn.exec_prepared(stmt.name, values, formats,  # type: ignore[arg-type]
-                                       BINARY_FORMAT)
+            res = _exec_named(pgconn, stmt, values, formats)
     if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
         raise _error(pgconn, res)
     return res
+
+
+def _exec_named(pgconn: pq.abc.PGconn, stmt: Statement, values: list[bytes | None],
+                formats: list[int]) -> pq.abc.PGresult:
+    # libpq takes None as NULL here as in exec_params; psycopg's stub leaves None out.
+    return pgconn.exec_prepared(stmt.name, values, formats,  # type: ignore[arg-type]
+                                BINARY_FORMAT)
 
 
 def _prepare(pgconn: pq.abc.PGconn, stmt: Statement, names: set[bytes]) -> None:
