@@ -95,7 +95,16 @@ def _wait_ready(server: Server, workers: int) -> None:
         if server.proc.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"uvicorn did not start:\n{server.log_text()}")
         time.sleep(0.05)
-    status, _ = _request(server.port, "GET", "/health")
+    # A single uvicorn process binds its socket after the lifespan startup, so the first
+    # requests may be refused.
+    while True:
+        try:
+            status, _ = _request(server.port, "GET", "/health")
+            break
+        except ConnectionRefusedError:
+            if server.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"uvicorn never listened:\n{server.log_text()}") from None
+            time.sleep(0.05)
     assert status == 200
 
 
