@@ -37,7 +37,9 @@ from deferq import (
 )
 from deferq._core.limits import HOOKS_MAX, META_ITEMS_MAX
 from deferq._core.types import PendingTask
+from deferq._runtime import executor as executor_module
 from deferq._runtime import hooks as hooks_module
+from deferq._runtime import queue as queue_module
 from deferq._runtime.serialize import Context, decode_context, encode_context
 from deferq.backends import Disk
 from deferq.testing import ManualClock, Memory
@@ -520,14 +522,20 @@ def test_a_queue_without_hooks_builds_no_event(monkeypatch: pytest.MonkeyPatch) 
     def poisoned(*args: object, **kwargs: object) -> None:
         raise AssertionError("a queue without hooks called hook code")
 
-    for name in ("enqueued", "replayed", "started", "perform_ended", "succeeded",
-                 "retry_scheduled", "dead_lettered", "unloadable_dead_lettered", "cancelled",
-                 "ended", "add_meta"):
+    for name in ("enqueued", "replayed", "perform_ended", "succeeded", "retry_scheduled",
+                 "dead_lettered", "unloadable_dead_lettered", "cancelled", "ended", "add_meta"):
         monkeypatch.setattr(hooks_module.HookSet, name, poisoned)
-    for event in ("TaskEnqueued", "TaskReplayed", "TaskStarted", "TaskSucceeded",
-                  "TaskRetryScheduled", "TaskDeadLettered", "TaskCancelled",
-                  "TaskInterrupted"):
-        monkeypatch.setattr(hooks_module, event, poisoned)
+    # Every event class, in each module that builds events (the hot three are built inline
+    # by the queue and the executor).
+    poisoned_names = 0
+    for module in (hooks_module, executor_module, queue_module):
+        for event in ("TaskEnqueued", "TaskReplayed", "TaskStarted", "TaskSucceeded",
+                      "TaskRetryScheduled", "TaskDeadLettered", "TaskCancelled",
+                      "TaskInterrupted"):
+            if hasattr(module, event):
+                monkeypatch.setattr(module, event, poisoned)
+                poisoned_names += 1
+    assert poisoned_names == 8 + 3  # hooks.py's eight, the executor's two, the queue's one
 
     async def main() -> Memory:
         queue, clock, memory = _queue()

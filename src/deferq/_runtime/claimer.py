@@ -28,7 +28,7 @@ import logging
 from typing import Final
 
 from deferq._runtime.clock import Clock
-from deferq._runtime.executor import Executor
+from deferq._runtime.replay import Replayer
 from deferq._runtime.hooks import ReplaySource
 from deferq._runtime.scheduler import Scheduler
 from deferq.backends.protocol import ClaimingBackend
@@ -41,11 +41,11 @@ CLAIM_BATCH: Final = 64
 class Claimer:
     """Claims due tasks from a shared backend, renews their leases, and gives them back."""
 
-    def __init__(self, backend: ClaimingBackend, scheduler: Scheduler, executor: Executor,
+    def __init__(self, backend: ClaimingBackend, scheduler: Scheduler, replayer: Replayer,
                  clock: Clock) -> None:
         self._backend = backend
         self._scheduler = scheduler
-        self._executor = executor
+        self._replayer = replayer
         self._clock = clock
         self._jobs: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -78,7 +78,7 @@ class Claimer:
                 tasks = await asyncio.to_thread(backend.claim_due, room)
                 now = int(self._clock.time())
                 for pending in tasks:
-                    await self._executor.replay(pending, now, ReplaySource.CLAIMED)
+                    await self._replayer.replay(pending, now, ReplaySource.CLAIMED)
                 if len(tasks) < room:
                     # Nothing more is due now: wait for a NOTIFY, or look again after
                     # poll_seconds at most.

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from deferq._core.types import DeadTask, PendingTask
 from deferq._runtime.book import TaskBook
 from deferq._runtime.errors import ContextError
-from deferq._runtime.executor import Executor
+from deferq._runtime.replay import Replayer
 from deferq._runtime.operator import Operator, Retried
 from deferq._runtime.scheduler import Scheduler
 from deferq._runtime.serialize import ContextCodec
@@ -27,7 +27,7 @@ class DeadTaskApi:
     operator: Operator
     codec: ContextCodec
     registry: TaskRegistry
-    _executor: Executor
+    _replayer: Replayer
     _book: TaskBook
     _scheduler: Scheduler
 
@@ -51,12 +51,12 @@ class DeadTaskApi:
             try:
                 context = self.codec.decode(item.context)
             except ContextError as reason:
-                await self._executor.dead_letter_unloadable(
+                await self._replayer.dead_letter_unloadable(
                     PendingTask(item.new_id, item.context, None), str(reason))
                 continue
             cls = self.registry.get(context.task)
             if cls is None:
-                await self._executor.dead_letter_unloadable(
+                await self._replayer.dead_letter_unloadable(
                     PendingTask(item.new_id, item.context, None),
                     f"task {context.task!r} is not registered")
                 continue

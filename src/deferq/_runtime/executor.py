@@ -1,4 +1,4 @@
-"""The queue's executor: one execution of a task and its outcome, and the replay of the WAL.
+"""The queue's executor: one execution of a task and its outcome (replay.py: the replay).
 
 Rules (spec/queue.md):
 - Every execution ends in exactly one transition, written by the journal: success
@@ -10,9 +10,8 @@ Rules (spec/queue.md):
 - An execution begins only while the queue runs; one that does not begin stays in the
   WAL. ``KeyboardInterrupt`` and ``SystemExit`` are not failed executions: they propagate.
 - A broken retry policy falls back to the default backoff.
-- At start every pending task is replayed with its remaining delay; one that cannot be
-  loaded (undecodable, or its task not registered) is dead-lettered with the reason,
-  never dropped (Q-9).
+- The three events of every task's path with hooks (started here, an async success's
+  succeeded here, enqueued in the queue) are built and delivered inline (hooks.py).
 
 Theory of operation: the scheduler calls ``run_plain`` for a plain ``perform`` inside its
 run-soon batch (no asyncio task): ``_begin`` calls ``perform``, a success is removed with
@@ -31,27 +30,23 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from types import MappingProxyType
 from typing import Final, Protocol
 
-from deferq._core.types import PendingTask
 from deferq._runtime.book import RUNNING
 from deferq._runtime.clock import Clock
-from deferq._runtime.errors import PushTimeout, TaskTimeoutError, UnloadableTaskError
-from deferq._runtime.hooks import HookSet, ReplaySource
-from deferq._runtime.journal import Journal
+from deferq._runtime.errors import PushTimeout, TaskTimeoutError
+from deferq._runtime.hooks import NO_META, HookSet, TaskStarted, TaskSucceeded, log_failure
+from deferq._runtime.journal import NOT_DEAD, Journal
 from deferq._runtime.scheduler import Scheduler
-from deferq._runtime.serialize import Context, ContextCodec, ContextError
+from deferq._runtime.serialize import Context, ContextCodec
 from deferq._runtime.successes import SUCCESS_HOLD_S, successes_for
 from deferq._runtime.syncpool import SyncPool
-from deferq._runtime.task import Task, TaskRegistry, default_backoff, next_retry_in
-from deferq.backends._deadtask import task_class_name
+from deferq._runtime.task import Task, default_backoff, next_retry_in
 
 log = logging.getLogger("deferq.queue")
-# The end of a give-up's log line when the dead-task write failed (the journal said why).
-_NOT_DEAD: Final = "not dead-lettered: it stays in the WAL"
-
-UNKNOWN_TASK_CLASS: Final = "<unknown>"
-_now: Final = time.perf_counter  # Q-170's hold, read before each plain execution
+_now: Final = time.perf_counter  # Q-170's hold, read before each plain execution; durations
+_build: Final = tuple.__new__  # the C constructor of the started and succeeded events
 
 
 class _Perform(Protocol):
@@ -63,15 +58,14 @@ class _Perform(Protocol):
 class Executor:
     """Runs executions the scheduler began, and writes each one's outcome to the journal."""
 
-    def __init__(self, scheduler: Scheduler, journal: Journal, *, registry: TaskRegistry,
-                 codec: ContextCodec, clock: Clock, rng: random.Random, pool: SyncPool,
+    def __init__(self, scheduler: Scheduler, journal: Journal, *, codec: ContextCodec,
+                 clock: Clock, rng: random.Random, pool: SyncPool,
                  deps: object = None, hooks: HookSet | None = None) -> None:
         self._scheduler = scheduler
         # Lifecycle hooks (Q-100..Q-106); every call behind one bool test (Q-106).
         self._hooks = HookSet(()) if hooks is None else hooks
         self._hooked = self._hooks.executions
         self._journal = journal
-        self._registry = registry
         self._codec = codec
         self._clock = clock
         self._rng = rng
@@ -175,7 +169,7 @@ class Executor:
                         if cls.timeout is None:
                             await result
                         else:
-                            await self._within(cls, cls.timeout, result)
+                            await _within(self._clock, cls, cls.timeout, result)
                     except Exception as exc:  # noqa: BLE001 - a failed execution
                         error = exc
                 if error is not None and self._hooked:
@@ -200,8 +194,25 @@ class Executor:
                     else:  # Implements Q-179: a shared database's removal, off the loop
                         await self._shared.remove(task_id)
                     if self._hooked:
-                        self._hooks.succeeded(task_id)
+                        # Implements Q-101: the success's event, built here (hooks.py's
+                        # docstring); its duration ends now (Q-215: an async success has
+                        # no ``perform_ended``).
                         reported = True
+                        opened = self._hooks.open.pop(task_id, None)
+                        calls = self._hooks.succeeded_calls
+                        if opened is not None and calls:
+                            duration, started = _now() - opened[0], opened[3]
+                            meta = context.meta
+                            event = _build(TaskSucceeded, started + (duration,)
+                                           if started is not None
+                                           else (task_id, context.task, context.attempts + 1,
+                                                 NO_META if meta is None
+                                                 else MappingProxyType(meta), duration))
+                            for call in calls:
+                                try:
+                                    call(event)
+                                except Exception:  # noqa: BLE001 - Implements Q-104.
+                                    log_failure(call, "on_succeeded", task_id)
             except Exception:  # noqa: BLE001 - storage errors must not kill the loop's task
                 log.exception("deferred task %s: storage error; %s", task_id, self._journal.stays)
             finally:
@@ -224,7 +235,22 @@ class Executor:
                 self._rng, task_id, context.attempts + 1, self._deps)
             self._book_tasks[task_id] = RUNNING
             if self._hooked:
-                self._hooks.started(task_id, context, cls)
+                # Implements Q-101: the started event, built here (hooks.py's docstring),
+                # then the execution's open record, after the hooks: their time is not its.
+                hooks = self._hooks
+                event: TaskStarted | None = None
+                if hooks.started_calls:
+                    meta = context.meta
+                    event = _build(TaskStarted, (task_id, context.task, context.attempts + 1,
+                                                 NO_META if meta is None
+                                                 else MappingProxyType(meta)))
+                    for call in hooks.started_calls:
+                        try:
+                            call(event)
+                        except Exception:  # noqa: BLE001 - Implements Q-104.
+                            log_failure(call, "on_started", task_id)
+                if hooks.tracks:
+                    hooks.open[task_id] = (_now(), context, cls, event)
             perform: _Perform = getattr(instance, "perform")  # callable: checked below, once
             pooled = self._pooled.get(cls)
             if pooled is None:  # the first execution of the class: checked once
@@ -242,26 +268,6 @@ class Executor:
             return instance, perform(*context.args, **context.kwargs), None
         except Exception as exc:  # noqa: BLE001 - any failure of the task is a failed execution
             return instance, None, exc
-
-    async def _within(self, cls: type[Task], timeout_s: float, work: Awaitable[object]) -> None:
-        """Implements Q-39: await ``work`` for at most ``timeout_s`` on the queue's clock.
-
-        Past it, the work is cancelled (an async perform) or abandoned (a thread of the pool
-        cannot be stopped: whatever it returns or raises later is ignored), and the
-        execution fails with ``TaskTimeoutError``.
-        """
-        job = asyncio.ensure_future(work)
-        timer = asyncio.ensure_future(self._clock.sleep(timeout_s))
-        try:
-            await asyncio.wait((job, timer), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            timer.cancel()
-            if not job.done():
-                job.cancel()
-                job.add_done_callback(_retrieve)
-        if job.cancelled() or not job.done():
-            raise TaskTimeoutError(f"{cls.task_name} timed out after {timeout_s:g} s")
-        job.result()
 
     async def _failed(self, task_id: str, context: Context, cls: type[Task],
                       instance: Task | None, exc: Exception) -> bool:
@@ -290,7 +296,7 @@ class Executor:
             # the dead-task write returned, so that it never says so of a task still pending.
             log.error("deferred task %s (%s) attempt %d of %d failed: %s: %s; %s", task_id,
                       cls.task_name, attempts, cls.max_retries + 1, type(exc).__name__, exc,
-                      "dead-lettered" if dead else _NOT_DEAD, exc_info=exc)
+                      "dead-lettered" if dead else NOT_DEAD, exc_info=exc)
             if dead and self._hooked:
                 self._hooks.dead_lettered(task_id, exc)
             return False
@@ -317,49 +323,27 @@ class Executor:
             self._hooks.retry_scheduled(task_id, exc, max(seconds, 0))
         return released
 
-    # ------------------------------------------------------------------ replay
-    async def replay(self, pending: PendingTask, now: int,
-                     source: ReplaySource = ReplaySource.START) -> bool:
-        """Implements Q-9 for one pending task: schedule it with its remaining delay.
 
-        Returns False when the task could not be loaded (it was dead-lettered instead).
-        """
-        try:
-            context = self._codec.decode(pending.context)
-            cls = self._registry.get(context.task)
-            if cls is None:
-                raise ContextError(f"task {context.task!r} is not registered")
-        except ContextError as reason:
-            await self.dead_letter_unloadable(pending, str(reason))
-            return False
-        publish_in = None if pending.publish_at is None else pending.publish_at - now
-        self._journal.book.added(pending.task_id, pending.publish_at, context.key)  # Q-55
-        self._scheduler.schedule(pending.task_id, context, cls, publish_in)
-        if self._hooks.replays:
-            self._hooks.replayed(pending.task_id, context, pending.publish_at, source)
-        return True
+async def _within(clock: Clock, cls: type[Task], timeout_s: float,
+                  work: Awaitable[object]) -> None:
+    """Implements Q-39: await ``work`` for at most ``timeout_s`` on the queue's clock.
 
-    async def replay_adopted(self, pending: PendingTask, now: int) -> bool:
-        """``replay`` of a task the adoption sweep found (Q-70)."""
-        return await self.replay(pending, now, ReplaySource.ADOPTED)
-
-    async def dead_letter_unloadable(self, pending: PendingTask, reason: str) -> None:
-        """Implements Q-9: a task that cannot be loaded is dead-lettered with the reason."""
-        name = self._codec.peek_task_name(pending.context) or UNKNOWN_TASK_CLASS
-        try:
-            loaded = self._codec.decode(pending.context)
-            attempts, enqueued_at, meta = loaded.attempts, loaded.enqueued_at, loaded.meta
-        except ContextError:
-            attempts, enqueued_at, meta = 0, None, None
-        error = UnloadableTaskError(f"cannot load the task: {reason}")
-        # Implements Q-31: whatever the record holds, the name fits a dead-task record.
-        dead = await self._journal.give_up(pending.task_id, pending.context, error,
-                                           task_class_name(name), attempts, enqueued_at)
-        log.error("deferred task %s (%s) cannot be loaded: %s; %s", pending.task_id,
-                  task_class_name(name), reason, "dead-lettered" if dead else _NOT_DEAD)
-        if dead and self._hooked:
-            self._hooks.unloadable_dead_lettered(pending.task_id, task_class_name(name),
-                                                 attempts, meta, error)
+    Past it, the work is cancelled (an async perform) or abandoned (a thread of the pool
+    cannot be stopped: whatever it returns or raises later is ignored), and the
+    execution fails with ``TaskTimeoutError``.
+    """
+    job = asyncio.ensure_future(work)
+    timer = asyncio.ensure_future(clock.sleep(timeout_s))
+    try:
+        await asyncio.wait((job, timer), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        if not job.done():
+            job.cancel()
+            job.add_done_callback(_retrieve)
+    if job.cancelled() or not job.done():
+        raise TaskTimeoutError(f"{cls.task_name} timed out after {timeout_s:g} s")
+    job.result()
 
 
 async def _pooled_call(future: Awaitable[object]) -> None:

@@ -24,7 +24,11 @@ its context, its class, its started event): the duration of its ending event, wh
 ``cancel`` reports for a running task, and what ``ended`` finds when no outcome was written.
 Events are named tuples, like ``Context`` (a frozen dataclass costs three times as much to
 build, and one is built per event); the three of every task's path are built with the
-tuple's C constructor (docs/benchmarks.md, the ``hooks`` row).
+tuple's C constructor (docs/benchmarks.md, the ``hooks`` row). Those three are built and
+delivered where they happen: ``TaskEnqueued`` by the queue's enqueue, ``TaskStarted`` and an
+async success's ``TaskSucceeded`` by the executor, which read ``enqueued_calls``,
+``started_calls``, ``succeeded_calls``, ``tracks`` and ``open``; a call into this class for
+each cost about 1 % of a no-op task. Every rarer event is built and delivered here.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ _now: Final = time.perf_counter  # bound once: read twice per execution with hoo
 _build: Final = tuple.__new__
 
 Meta = Mapping[str, str]
-_NO_META: Final[Meta] = types.MappingProxyType({})
+NO_META: Final[Meta] = types.MappingProxyType({})  # the metadata view of a task with none
 
 
 class ReplaySource(enum.Enum):
@@ -224,7 +228,7 @@ def _calls(hooks: tuple[Hooks, ...], name: str) -> tuple[Callable[[E], None], ..
 
 def _meta(context: Context) -> Meta:
     # A read-only view: a hook must not change what the task carries (Q-104).
-    return _NO_META if context.meta is None else types.MappingProxyType(context.meta)
+    return NO_META if context.meta is None else types.MappingProxyType(context.meta)
 
 
 class HookSet:
@@ -233,11 +237,14 @@ class HookSet:
     def __init__(self, hooks: tuple[Hooks, ...]) -> None:
         self.hooks = hooks
         self.meta = tuple((h, h.enqueue_meta) for h in hooks if _overrides(h, "enqueue_meta"))
-        self._enqueued: tuple[Callable[[TaskEnqueued], None], ...] = _calls(hooks, "on_enqueued")
-        self._replayed: tuple[Callable[[TaskReplayed], None], ...] = _calls(hooks, "on_replayed")
-        self._started: tuple[Callable[[TaskStarted], None], ...] = _calls(hooks, "on_started")
-        self._succeeded: tuple[Callable[[TaskSucceeded], None], ...] = _calls(
+        # The listeners of the three events of every task's path, read where those events
+        # are built (the queue, the executor) as well as here.
+        self.enqueued_calls: tuple[Callable[[TaskEnqueued], None], ...] = _calls(
+            hooks, "on_enqueued")
+        self.started_calls: tuple[Callable[[TaskStarted], None], ...] = _calls(hooks, "on_started")
+        self.succeeded_calls: tuple[Callable[[TaskSucceeded], None], ...] = _calls(
             hooks, "on_succeeded")
+        self._replayed: tuple[Callable[[TaskReplayed], None], ...] = _calls(hooks, "on_replayed")
         self._retry: tuple[Callable[[TaskRetryScheduled], None], ...] = _calls(
             hooks, "on_retry_scheduled")
         self._dead: tuple[Callable[[TaskDeadLettered], None], ...] = _calls(
@@ -248,13 +255,13 @@ class HookSet:
             hooks, "on_interrupted")
         # The one test each hot path makes (Q-106): a queue calls in only for events some
         # hook listens to.
-        self.enqueues = bool(self._enqueued)
+        self.enqueues = bool(self.enqueued_calls)
         self.replays = bool(self._replayed)
-        ending = (self._succeeded, self._retry, self._dead, self._cancelled, self._interrupted)
-        self._track = any(ending)  # executions are timed and held in ``open``
-        self.executions = self._track or bool(self._started)
+        ending = (self.succeeded_calls, self._retry, self._dead, self._cancelled, self._interrupted)
+        self.tracks = any(ending)  # executions are timed and held in ``open``
+        self.executions = self.tracks or bool(self.started_calls)
         # Executions that started and have no ending event yet: (start, context, class,
-        # started event).
+        # started event), added by the executor when ``tracks``.
         self.open: dict[str, tuple[float, Context, type[Task], TaskStarted | None]] = {}
         self._done: dict[str, float] = {}  # durations of performs that ended (perform_ended)
 
@@ -279,19 +286,21 @@ class HookSet:
             merged = candidate
         return merged or None
 
-    # enqueued, started and succeeded are every task's path: each builds its event and
-    # calls the hooks itself (a helper call per step cost 4 % of a queued no-op task).
+    # enqueued and succeeded are the queue's and the executor's rarer paths (a task written
+    # off the loop or after its caller was cancelled; a plain success): their common ones
+    # build the event themselves (the module's docstring). Each builds its event and calls
+    # the hooks itself (a helper call per step cost 4 % of a queued no-op task).
     def enqueued(self, task_id: str, context: Context, publish_at: int | None) -> None:
-        calls = self._enqueued
+        calls = self.enqueued_calls
         if calls:
             meta = context.meta
-            event = _build(TaskEnqueued, (task_id, context.task, context.attempts + 1, _NO_META
+            event = _build(TaskEnqueued, (task_id, context.task, context.attempts + 1, NO_META
                            if meta is None else types.MappingProxyType(meta), publish_at))
             for call in calls:
                 try:
                     call(event)
                 except Exception:  # noqa: BLE001 - Implements Q-104.
-                    _log_failure(call, "on_enqueued", task_id)
+                    log_failure(call, "on_enqueued", task_id)
 
     def replayed(self, task_id: str, context: Context, publish_at: int | None,
                  source: ReplaySource) -> None:
@@ -300,21 +309,6 @@ class HookSet:
                 task_id, context.task, context.attempts + 1, _meta(context), publish_at, source))
 
     # ------------------------------------------------------------------ executions
-    def started(self, task_id: str, context: Context, cls: type[Task]) -> None:
-        event: TaskStarted | None = None  # built only for a listener: 2k instructions each
-        calls = self._started
-        if calls:
-            meta = context.meta
-            event = _build(TaskStarted, (task_id, context.task, context.attempts + 1, _NO_META
-                           if meta is None else types.MappingProxyType(meta)))
-            for call in calls:
-                try:
-                    call(event)
-                except Exception:  # noqa: BLE001 - Implements Q-104.
-                    _log_failure(call, "on_started", task_id)
-        if self._track:  # after the hooks: their time is not the execution's
-            self.open[task_id] = (_now(), context, cls, event)
-
     def perform_ended(self, task_id: str) -> None:
         """The perform of an open execution returned or raised: its duration stops here."""
         opened = self.open.get(task_id)
@@ -336,7 +330,7 @@ class HookSet:
         if opened is None:
             return
         done = self._done.pop(task_id, None) if self._done else None
-        calls = self._succeeded
+        calls = self.succeeded_calls
         if calls:
             duration = _now() - opened[0] if done is None else done
             started = opened[3]
@@ -347,13 +341,13 @@ class HookSet:
                 context = opened[1]
                 meta = context.meta
                 event = _build(TaskSucceeded, (task_id, context.task, context.attempts + 1,
-                                               _NO_META if meta is None
+                                               NO_META if meta is None
                                                else types.MappingProxyType(meta), duration))
             for call in calls:
                 try:
                     call(event)
                 except Exception:  # noqa: BLE001 - Implements Q-104.
-                    _log_failure(call, "on_succeeded", task_id)
+                    log_failure(call, "on_succeeded", task_id)
 
     def retry_scheduled(self, task_id: str, exc: BaseException, delay_s: int) -> None:
         closed = self._close(task_id)
@@ -374,7 +368,7 @@ class HookSet:
     def unloadable_dead_lettered(self, task_id: str, task_name: str, attempts: int,
                                  meta: Mapping[str, str] | None, exc: BaseException) -> None:
         if self._dead:
-            view = _NO_META if not meta else types.MappingProxyType(dict(meta))
+            view = NO_META if not meta else types.MappingProxyType(dict(meta))
             self._fire(self._dead, "on_dead_lettered", task_id, TaskDeadLettered(
                 task_id, task_name, attempts, view, None, exc, None))
 
@@ -407,10 +401,10 @@ class HookSet:
             try:
                 call(event)
             except Exception:  # noqa: BLE001 - a hook never changes a task's outcome
-                _log_failure(call, method, task_id)
+                log_failure(call, method, task_id)
 
 
-def _log_failure(call: Callable[[E], None], method: str, task_id: str) -> None:
+def log_failure(call: Callable[[E], None], method: str, task_id: str) -> None:
     """Implements Q-104: one error line naming the hook, the method and the task, with
     the traceback of the exception being handled."""
     owner = getattr(call, "__self__", call)

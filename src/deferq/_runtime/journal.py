@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from typing import Final
 
 from deferq._runtime.book import TaskBook
 from deferq._runtime.committer import Committer
@@ -35,6 +36,8 @@ from deferq._runtime.sharedwrites import SharedWrites
 from deferq.backends.protocol import Backend, BatchRemover, ClaimingBackend
 
 log = logging.getLogger("deferq.queue")
+# The end of a give-up's log line when the dead-task write failed (the journal said why).
+NOT_DEAD: Final = "not dead-lettered: it stays in the WAL"
 
 
 class Journal:

@@ -1,14 +1,14 @@
 """The queue: a facade that starts and stops the runtime and takes tasks (spec/queue.md).
 
 Theory of operation (the reference's queue semantics, restated in spec/queue.md). A
-``Queue`` owns five parts, each with one job:
+``Queue`` owns six parts, each with one job:
 - ``Journal`` (journal.py): every transition written to the backend, and the group
   commit of a power-safe ``Disk`` (Q-20..Q-23, D-13, Q-8).
 - ``Scheduler`` (scheduler.py): when a persisted task begins (timers of delayed tasks,
   the run-soon batch of plain performs), the backlog and backpressure (Q-11), and the
   work ``wait_idle`` and ``stop`` wait for.
-- ``Executor`` (executor.py): one execution and its outcome (success, retry, give-up),
-  and the replay of the WAL at start (Q-9).
+- ``Executor`` (executor.py): one execution and its outcome (success, retry, give-up);
+  ``Replayer`` (replay.py): the replay of the WAL at start (Q-9), claims and adoptions.
 - ``Operator`` (operator.py): the dead-task store's operator commands (Q-33, Q-13).
 - ``Sweeper`` (sweeper.py): the periodic adoption of orphaned WAL files (Q-70..Q-72).
 This module keeps the lifecycle, the enqueue API and the introspection:
@@ -37,6 +37,7 @@ import functools
 import logging
 import random
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Final, ParamSpec, TypeVar
 
 from deferq._core.errors import QueueStateError, TaskNotRegisteredError
@@ -51,16 +52,19 @@ from deferq._core.limits import (
 from deferq._runtime.backpressure import Backpressure
 from deferq._runtime.cancel import Canceller
 from deferq._runtime.deadapi import DeadTaskApi
+from deferq._runtime.enqueued import schedule_once_committed, schedule_written
 from deferq._runtime.claimer import Claimer
-from deferq._runtime.book import TaskBook, TaskStatus
+from deferq._runtime.book import TaskBook
 from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.ctxfields import check_meta, enqueue_time
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.executor import Executor
-from deferq._runtime.hooks import Hooks, HookSet, check_hooks
+from deferq._runtime.introspect import Introspection
+from deferq._runtime.hooks import NO_META, Hooks, HookSet, TaskEnqueued, check_hooks, log_failure
 from deferq._runtime.journal import Journal
 from deferq._runtime.operator import Operator
 from deferq._runtime.periodic import Schedule, periodic_for
+from deferq._runtime.replay import Replayer
 from deferq._runtime.options import (
     NO_OPTIONS,
     ConfiguredTask,
@@ -104,7 +108,7 @@ def _count(value: object, name: str, most: int) -> int:
     return value
 
 
-class Queue(DeadTaskApi):
+class Queue(DeadTaskApi, Introspection):
     """An in-process deferred-task queue over a backend (``Disk`` or ``Nil``).
 
     ``await start()`` on the application's loop, ``enqueue(...)`` from it, ``await stop()``.
@@ -136,9 +140,11 @@ class Queue(DeadTaskApi):
         self._late: set[asyncio.Task[None]] = set()  # Q-41: cancelled callers' tasks
         self._scheduler = Scheduler(self.clock, backpressure,
                                     max_concurrency=self.max_concurrency)
-        self._executor = Executor(self._scheduler, self._journal, registry=self.registry,
-                                  codec=self.codec, clock=self.clock, rng=self.rng,
-                                  pool=self._pool, deps=deps, hooks=self._hooks)
+        self._executor = Executor(self._scheduler, self._journal, codec=self.codec,
+                                  clock=self.clock, rng=self.rng, pool=self._pool, deps=deps,
+                                  hooks=self._hooks)
+        self._replayer = Replayer(self._scheduler, self._journal, registry=self.registry,
+                                  codec=self.codec, hooks=self._hooks)
         self._canceller = Canceller(self._scheduler, self._executor, self._journal, self.clock,
                                     self._hooks)
         # Q-57: what tasks get as ``self.deps`` / ``task_deps(...)``; never stored.
@@ -146,50 +152,13 @@ class Queue(DeadTaskApi):
         # Q-70..Q-72: the adoption sweep, when the backend has one (C-28).
         adopt, interval_s = adopter_of(backend), check_sweep_interval(sweep_interval)
         self._sweeper = None if adopt is None else Sweeper(
-            adopt, self._executor.replay_adopted, self.clock, interval_s=interval_s,
+            adopt, self._replayer.replay_adopted, self.clock, interval_s=interval_s,
             files_max=SWEEP_FILES_MAX)
         # Q-227: on a shared backend (Postgres) the queue also runs the due tasks it claims.
-        self._claimer = (Claimer(backend, self._scheduler, self._executor, self.clock)
+        self._claimer = (Claimer(backend, self._scheduler, self._replayer, self.clock)
                          if isinstance(backend, ClaimingBackend) else None)
         self._periodic = periodic_for(schedules, backend, self._prepare, self._apersist,
                                       self.clock, self._sweeper)
-
-    # ------------------------------------------------------------------ introspection
-    @property
-    def backlog_size(self) -> int:
-        """Immediate tasks scheduled but not yet picked up (what backpressure counts)."""
-        return self._scheduler.backlog
-
-    @property
-    def running(self) -> int:
-        """Executions in progress."""
-        return self._executor.inflight
-
-    @property
-    def waiting(self) -> int:
-        """Executions due now that wait for a slot (``max_concurrency``, Q-37)."""
-        return self._scheduler.waiting
-
-    @property
-    def delayed(self) -> int:
-        """Tasks waiting for their publish time in this process."""
-        return self._scheduler.delayed
-
-    async def wait_idle(self) -> None:
-        """Return when no immediate or running work is left (delayed tasks may remain)."""
-        await self._scheduler.wait_idle()
-
-    async def status(self, task_id: str) -> TaskStatus:
-        """Implements Q-58: PENDING, DELAYED or RUNNING for a task in this queue's WAL (no I/O);
-        else DEAD when the shared dead-task store holds it (read in a thread); else UNKNOWN.
-        """
-        if not isinstance(task_id, str):
-            raise ValueError(f"task_id must be a str, got {type(task_id).__name__}")
-        known = self._book.status(task_id, self.clock.time())
-        if known is not None:
-            return known
-        dead = await asyncio.to_thread(self.operator.find_dead, task_id)
-        return TaskStatus.UNKNOWN if dead is None else TaskStatus.DEAD
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Queue:
@@ -210,7 +179,7 @@ class Queue(DeadTaskApi):
         self._scheduler.bind(loop)
         self._state = _State.RUNNING
         now = int(self.clock.time())
-        replay = self._executor.replay
+        replay = self._replayer.replay
         replayed = delayed = unloadable = 0
         shared = self._journal.shared  # Q-186: a shared database is read off the loop
         for pending in self.backend.pending_tasks() if shared is None else await shared.held():
@@ -338,7 +307,7 @@ class Queue(DeadTaskApi):
         if not journal.commits_here():
             if journal.shared is not None:  # Implements Q-181: a shared database, off the loop
                 return await journal.shared.add(data, publish_at, context.key, functools.partial(
-                    _enqueued, self._hooks, self._scheduler, context, cls, publish_at, publish_in))
+                    schedule_written, self._hooks, self._scheduler, context, cls, publish_at, publish_in))
             # Not a power-safe Disk, not started, or on another loop: ``enqueue``'s write.
             return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
         key, book = context.key, self._book
@@ -357,11 +326,20 @@ class Queue(DeadTaskApi):
         try:
             await journal.commit_written()
         except asyncio.CancelledError:
-            _schedule_once_committed(journal, self._scheduler, self._late, task_id, context,
+            schedule_once_committed(journal, self._scheduler, self._late, task_id, context,
                                      cls, publish_in, self._hooks, publish_at)
             raise
         if self._hooks.enqueues:
-            self._hooks.enqueued(task_id, context, publish_at)  # Q-101: before it can start
+            # Implements Q-101, before it can start: the event built here (hooks.py's docstring).
+            meta = context.meta
+            event = _build(TaskEnqueued, (task_id, context.task, context.attempts + 1,
+                                          NO_META if meta is None else MappingProxyType(meta),
+                                          publish_at))
+            for call in self._hooks.enqueued_calls:
+                try:
+                    call(event)
+                except Exception:  # noqa: BLE001 - Implements Q-104.
+                    log_failure(call, "on_enqueued", task_id)
         self._scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)
         return task_id
 
@@ -397,7 +375,16 @@ class Queue(DeadTaskApi):
                 self._journal.sync_written()  # Implements Q-56.
                 return owner
         if self._hooks.enqueues:
-            self._hooks.enqueued(task_id, context, publish_at)  # Q-101: before it can start
+            # Implements Q-101, before it can start: the event built here (hooks.py's docstring).
+            meta = context.meta
+            event = _build(TaskEnqueued, (task_id, context.task, context.attempts + 1,
+                                          NO_META if meta is None else MappingProxyType(meta),
+                                          publish_at))
+            for call in self._hooks.enqueued_calls:
+                try:
+                    call(event)
+                except Exception:  # noqa: BLE001 - Implements Q-104.
+                    log_failure(call, "on_enqueued", task_id)
         scheduler = self._scheduler
         if _running_loop() is scheduler.loop:  # (one call less on the loop: every aenqueue)
             scheduler.schedule(task_id, context, cls, publish_in)
@@ -418,33 +405,3 @@ def _refuse_above_high_water(bp: Backpressure | None, scheduler: Scheduler) -> N
     if bp is not None and scheduler.backlog > bp.high_water_mark:
         raise PushTimeout(f"could not enqueue deferred task: backlog {scheduler.backlog} is above "
                           f"the high water mark {bp.high_water_mark}")
-
-
-def _schedule_once_committed(journal: Journal, scheduler: Scheduler,
-                             late: set[asyncio.Task[None]], task_id: str, context: Context,
-                             cls: type[Task], publish_in: int | None, hooks: HookSet,
-                             publish_at: int | None) -> None:
-    """Implements Q-41: the caller was cancelled after the record was written; the task is
-    still scheduled here once a group commit covers it (not if it fails, D-16), and its hooks
-    told (Q-101)."""
-    async def once_committed() -> None:
-        try:
-            await journal.commit_written()
-        except Exception:  # noqa: BLE001 - the WAL is broken (W-22); not scheduled (D-16)
-            return
-        if hooks.enqueues:
-            hooks.enqueued(task_id, context, publish_at)
-        scheduler.schedule(task_id, context, cls, publish_in)
-
-    job = asyncio.ensure_future(once_committed())
-    late.add(job)  # a strong reference until it is done
-    job.add_done_callback(late.discard)
-
-
-def _enqueued(hooks: HookSet, scheduler: Scheduler, context: Context, cls: type[Task],
-              publish_at: int | None, publish_in: int | None, task_id: str) -> None:
-    """Implements Q-181: a task ``aenqueue`` wrote off the loop, on the loop once written: its
-    hooks told (Q-101: before it can start), then scheduled."""
-    if hooks.enqueues:
-        hooks.enqueued(task_id, context, publish_at)
-    scheduler.schedule_from_any_thread(task_id, context, cls, publish_in)

@@ -5,7 +5,7 @@ for days would leave the files of a sibling that died, and the hand-off files of
 dead retry`` (W-34), to its next restart. So while the queue runs, a ``Sweeper`` calls the
 backend's optional ``adopt_orphans`` (C-28) every ``interval_s`` seconds in a worker thread
 (it locks, reads and fsyncs files), at most ``files_max`` files each time so that siblings
-share the work, and hands every task adopted to ``Executor.replay``, the path of a start
+share the work, and hands every task adopted to ``Replayer.replay``, the path of a start
 (Q-9): its remaining delay and its attempts are honoured, an unloadable one is
 dead-lettered. ``stop`` never interrupts a sweep in flight (its tasks would be in this
 worker's WAL but not scheduled until the next start): it waits for it, bounded by
