@@ -414,7 +414,8 @@ def row_hooks(sizes: Sizes, scratch: str) -> dict[str, object]:
     verdicts = {name: "meets" if r <= HOOKS_TARGET else "misses"
                 for name, r in floor_ratios.items()}
     print(f"async tasks ({n:,}, {sizes.hooks_reps} repetitions), hooks vs none "
-          f"({statistics.median(times['none']) * 1e6:.1f} us/task) and vs their floor (none + the least code delivering the same events): "
+          f"({statistics.median(times['none']) * 1e6:.1f} us/task) and vs their floor "
+          "(none + the least code delivering the same events): "
           + "; ".join(
               f"{name} {statistics.median(times[name]) * 1e6:.1f} us/task, "
               f"{ratios[name]:.3f}x none, floor +"

@@ -202,12 +202,14 @@ class Executor:
                         calls = self._hooks.succeeded_calls
                         if opened is not None and calls:
                             duration, started = _now() - opened[0], opened[3]
-                            meta = context.meta
-                            event = _build(TaskSucceeded, started + (duration,)
-                                           if started is not None
-                                           else (task_id, context.task, context.attempts + 1,
-                                                 NO_META if meta is None
-                                                 else MappingProxyType(meta), duration))
+                            if started is not None:  # its fields, then the duration
+                                event = _build(TaskSucceeded, started + (duration,))
+                            else:  # no hook listens to the started event
+                                meta = context.meta
+                                event = _build(TaskSucceeded, (
+                                    task_id, context.task, context.attempts + 1,
+                                    NO_META if meta is None else MappingProxyType(meta),
+                                    duration))
                             for call in calls:
                                 try:
                                     call(event)

@@ -59,8 +59,8 @@ from deferq._runtime.clock import Clock, SystemClock
 from deferq._runtime.ctxfields import check_meta, enqueue_time
 from deferq._runtime.errors import PushTimeout
 from deferq._runtime.executor import Executor
-from deferq._runtime.introspect import Introspection
 from deferq._runtime.hooks import NO_META, Hooks, HookSet, TaskEnqueued, check_hooks, log_failure
+from deferq._runtime.introspect import Introspection
 from deferq._runtime.journal import Journal
 from deferq._runtime.operator import Operator
 from deferq._runtime.periodic import Schedule, periodic_for
@@ -307,7 +307,8 @@ class Queue(DeadTaskApi, Introspection):
         if not journal.commits_here():
             if journal.shared is not None:  # Implements Q-181: a shared database, off the loop
                 return await journal.shared.add(data, publish_at, context.key, functools.partial(
-                    schedule_written, self._hooks, self._scheduler, context, cls, publish_at, publish_in))
+                    schedule_written, self._hooks, self._scheduler, context, cls, publish_at,
+                    publish_in))
             # Not a power-safe Disk, not started, or on another loop: ``enqueue``'s write.
             return self._persist_and_schedule(data, context, cls, publish_at, publish_in)
         key, book = context.key, self._book
