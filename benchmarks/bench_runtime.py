@@ -25,8 +25,10 @@ Rows:
   delivered: enqueued, started, succeeded). Each side is compared with its floor: the run
   without hooks plus ``delivery_floor``, the least plain code that builds the same events and
   calls the same hook methods, timed in the same repetition. Target: <= 1.05x the floor (the
-  queue's hook machinery costs at most 5 %); the ratio to the run without hooks is printed
-  too.
+  queue's hook machinery costs at most 5 %), judged on the median of the repetitions' ratios;
+  next to each median, a distribution-free 95 % interval for it (order statistics), so that
+  a verdict within the noise of its target shows as one. The ratio to the run without hooks
+  is printed too.
 
 The repetitions of each row alternate its sides (5 by default, 31 for the hooks row;
 ``--reps N`` sets every row's, and more move the median less from run to run); ratios are medians of per-repetition ratios. Only ratios of one run mean anything. One JSON line per run goes to ``--json-out``
@@ -41,6 +43,7 @@ import dataclasses
 import datetime as dt
 import gc
 import json
+import math
 import os
 import shutil
 import statistics
@@ -279,6 +282,20 @@ def _ratio(times: dict[str, list[float]], top: str, bottom: str) -> float:
     return statistics.median(a / b for a, b in zip(times[top], times[bottom], strict=True))
 
 
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free ``level`` confidence interval for the median of ``values``: the
+    order statistics r and n + 1 - r, with r the largest rank whose binomial tail
+    P(Binomial(n, 1/2) < r) is at most (1 - level) / 2; with too few values for any such
+    rank (n < 6 at 95 %), the whole range."""
+    ordered, n = sorted(values), len(values)
+    tail, rank = (1 - level) / 2, 0
+    while rank < n // 2 and sum(math.comb(n, k) for k in range(rank + 1)) / 2 ** n <= tail:
+        rank += 1
+    if rank == 0:
+        return ordered[0], ordered[-1]
+    return ordered[rank - 1], ordered[n - rank]
+
+
 def row_concurrency(sizes: Sizes, scratch: str) -> dict[str, object]:
     n = sizes.concurrency
     path = os.path.join(scratch, "concurrency")
@@ -408,9 +425,10 @@ def row_hooks(sizes: Sizes, scratch: str) -> dict[str, object]:
     sides.update({f"floor {name}": floor(kinds[name]) for name in hooked})
     times = _alternate(dataclasses.replace(sizes, reps=sizes.hooks_reps), sides)
     ratios = {name: _ratio(times, name, "none") for name in hooked}
-    floor_ratios = {name: statistics.median(
-        h / (none + f) for h, none, f in zip(times[name], times["none"], times[f"floor {name}"],
-                                             strict=True)) for name in hooked}
+    per_rep = {name: [h / (none + f) for h, none, f in zip(
+        times[name], times["none"], times[f"floor {name}"], strict=True)] for name in hooked}
+    floor_ratios = {name: statistics.median(per_rep[name]) for name in hooked}
+    intervals = {name: median_interval(per_rep[name]) for name in hooked}
     verdicts = {name: "meets" if r <= HOOKS_TARGET else "misses"
                 for name, r in floor_ratios.items()}
     print(f"async tasks ({n:,}, {sizes.hooks_reps} repetitions), hooks vs none "
@@ -420,11 +438,12 @@ def row_hooks(sizes: Sizes, scratch: str) -> dict[str, object]:
               f"{name} {statistics.median(times[name]) * 1e6:.1f} us/task, "
               f"{ratios[name]:.3f}x none, floor +"
               f"{statistics.median(times['floor ' + name]) * 1e6:.2f} us, "
-              f"{floor_ratios[name]:.3f}x floor ({verdicts[name]})" for name in hooked)
-          + f" | target <= {HOOKS_TARGET:.2f}x the floor; 'N hook(s)' listen to every event",
-          flush=True)
+              f"{floor_ratios[name]:.3f}x floor (95 % interval {intervals[name][0]:.3f}-"
+              f"{intervals[name][1]:.3f}; {verdicts[name]})" for name in hooked)
+          + f" | target <= {HOOKS_TARGET:.2f}x the floor, on the median; 'N hook(s)' listen to "
+          "every event", flush=True)
     return {"key": "hooks", "n": n, "reps": sizes.hooks_reps, "times": times, "ratios": ratios,
-            "floor_ratios": floor_ratios, "verdicts": verdicts}
+            "floor_ratios": floor_ratios, "floor_intervals": intervals, "verdicts": verdicts}
 
 
 ROWS: Final[dict[str, Callable[[Sizes, str], dict[str, object]]]] = {

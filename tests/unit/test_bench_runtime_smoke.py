@@ -7,11 +7,14 @@ Method: run it as a command into a temporary JSON file; the numbers are not judg
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -46,7 +49,33 @@ def test_smoke_run_reports_every_row_with_positive_numbers(tmp_path: Path) -> No
     hooks = rows["hooks"]
     assert set(hooks["ratios"]) == {"idle hook", "outcome hook", "1 hook", "4 hooks"}
     assert all(positive(r) for r in hooks["ratios"].values())
+    for name, (low, high) in hooks["floor_intervals"].items():
+        assert low <= hooks["floor_ratios"][name] <= high, name
     assert all(positive(t) for side in hooks["times"].values() for t in side)
     assert "delayed tasks" in done.stdout and "thread pool" in done.stdout
     assert "hooks vs none" in done.stdout
     assert not list(tmp_path.glob("deferq-bench-*")), "the scratch directory was left behind"
+
+
+def bench_runtime() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_runtime", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_median_interval_is_the_order_statistics_of_the_binomial_tail() -> None:
+    """The hooks row's 95 % interval for a median: ranks 10 and 22 of 31 values (the
+    textbook pair: P(Binomial(31, 1/2) <= 9) = 0.0147), the whole range below 6 values,
+    and about 95 % coverage of a known median."""
+    interval = bench_runtime().median_interval
+    assert interval([float(v) for v in range(31, 0, -1)]) == (10.0, 22.0)
+    assert interval([3.0, 1.0, 2.0, 5.0, 4.0]) == (1.0, 5.0)
+    assert interval([1.0]) == (1.0, 1.0)
+    rng = random.Random(18)
+    trials = 2000
+    covered = sum(low <= 0.0 <= high for low, high in (
+        interval([rng.gauss(0, 1) for _ in range(31)]) for _ in range(trials)))
+    assert 0.93 <= covered / trials <= 0.99, covered / trials
