@@ -7,6 +7,7 @@ Method: run it as a command into a temporary JSON file; the numbers are not judg
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import math
@@ -49,8 +50,13 @@ def test_smoke_run_reports_every_row_with_positive_numbers(tmp_path: Path) -> No
     hooks = rows["hooks"]
     assert set(hooks["ratios"]) == {"idle hook", "outcome hook", "1 hook", "4 hooks"}
     assert all(positive(r) for r in hooks["ratios"].values())
+    assert set(hooks["floor_intervals"]) == set(hooks["ratios"])
     for name, (low, high) in hooks["floor_intervals"].items():
         assert low <= hooks["floor_ratios"][name] <= high, name
+    assert set(hooks["loop_floor_ratios"]) == {"outcome hook", "1 hook", "4 hooks"}
+    assert all(positive(r) for r in hooks["loop_floor_ratios"].values())
+    assert {f"task floor {name}" for name in hooks["loop_floor_ratios"]} <= set(hooks["times"])
+    assert positive(hooks["harness_ratio"])
     assert all(positive(t) for side in hooks["times"].values() for t in side)
     assert "delayed tasks" in done.stdout and "thread pool" in done.stdout
     assert "hooks vs none" in done.stdout
@@ -79,3 +85,60 @@ def test_median_interval_is_the_order_statistics_of_the_binomial_tail() -> None:
     covered = sum(low <= 0.0 <= high for low, high in (
         interval([rng.gauss(0, 1) for _ in range(31)]) for _ in range(trials)))
     assert 0.93 <= covered / trials <= 0.99, covered / trials
+
+
+def test_the_floor_in_a_task_delivers_what_a_hooked_queue_delivers(tmp_path: Path) -> None:
+    """The hooks row's floor (``AsyncDeliver``) is a floor only if it does the queue's work:
+    given the listeners of a hook that records, its ``perform`` hands that hook the same
+    events, in the same order, with the same fields (its own id and name; the duration
+    apart), as a queue with the hook hands it for one of the row's tasks."""
+    from deferq import Hooks, Queue, Task, TaskEnqueued, TaskStarted, TaskSucceeded
+    from deferq.backends import Disk
+
+    bench = bench_runtime()
+
+    class Recording(Hooks):
+        def __init__(self) -> None:
+            self.events: list[tuple[str, dict[str, object]]] = []
+
+        def _keep(self, event: TaskEnqueued | TaskStarted | TaskSucceeded) -> None:
+            fields: dict[str, object] = dict(event._asdict())
+            fields.pop("duration_s", None)  # (a clock reading)
+            self.events.append((type(event).__name__, fields))
+
+        def on_enqueued(self, event: TaskEnqueued) -> None:
+            self._keep(event)
+
+        def on_started(self, event: TaskStarted) -> None:
+            self._keep(event)
+
+        def on_succeeded(self, event: TaskSucceeded) -> None:
+            self._keep(event)
+
+    async def one(cls: type[Task], hooks: list[Hooks], where: str) -> str:
+        disk = Disk(path=str(tmp_path / where))
+        try:
+            queue = Queue(disk, registry=bench.REGISTRY, hooks=hooks)
+            await queue.start()
+            task_id: str = await queue.aenqueue(cls, 0)
+            await queue.wait_idle()
+            await queue.stop()
+        finally:
+            disk.close()
+        return task_id
+
+    def normal(events: list[tuple[str, dict[str, object]]], task_id: str,
+               name: str) -> list[tuple[str, dict[str, object]]]:
+        for _, fields in events:
+            assert (fields.pop("task_id"), fields.pop("task_name")) == (task_id, name)
+        return events
+
+    queued = Recording()
+    queue_id = asyncio.run(one(bench.AsyncNoop, [queued], "hooked"))
+    delivered = Recording()
+    bench.deliver_to([delivered])
+    floor_id = asyncio.run(one(bench.AsyncDeliver, [], "floor"))
+    assert [e[0] for e in queued.events] == ["TaskEnqueued", "TaskStarted", "TaskSucceeded"]
+    assert bench.AsyncDeliver.done == 1
+    assert (normal(delivered.events, floor_id, bench.AsyncDeliver.task_name)
+            == normal(queued.events, queue_id, bench.AsyncNoop.task_name))
