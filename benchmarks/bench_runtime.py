@@ -33,7 +33,7 @@ Rows:
   (order statistics), so that a verdict within the noise of its target shows as one.
   Printed too: the ratio to the run without hooks, and the ratio to that run plus
   ``delivery_floor``, the same code timed in a loop of its own (the floor before session
-  12: on hot caches it costs up to 1.5x less than in a task, docs/benchmarks.md).
+  12: on hot caches it costs up to 2.8x less than in a task, docs/benchmarks.md).
 
 The repetitions of each row alternate its sides (5 by default, 31 for the hooks row;
 ``--reps N`` sets every row's, and more move the median less from run to run); ratios are
