@@ -510,8 +510,9 @@ def row_hooks(sizes: Sizes, scratch: str) -> dict[str, object]:
     verdicts = {name: "meets" if r <= HOOKS_TARGET else "misses"
                 for name, r in floor_ratios.items()}
 
+    median = {side: statistics.median(values) for side, values in times.items()}
+
     def shown(name: str) -> str:
-        median = {side: statistics.median(values) for side, values in times.items()}
         floor = ("none" if name == "idle hook" else
                  f"+{(median['task floor ' + name] - median['none']) * 1e6:.2f} us in a task, "
                  f"+{median['loop floor ' + name] * 1e6:.2f} us in a loop "
